@@ -1,0 +1,76 @@
+"""Where output goes: humans read stderr (rich tables, progress), pipelines read stdout.
+
+`--json` prints exactly one JSON object on stdout; `--quiet` silences the human channel
+but never errors.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from rich.console import Console
+
+err = Console(stderr=True, highlight=False, soft_wrap=False)
+_quiet = False
+
+
+def set_quiet(quiet: bool) -> None:
+    global _quiet
+    _quiet = quiet
+
+
+def say(message: str, style: str | None = None) -> None:
+    """One line for the human reader (stderr); dropped under --quiet."""
+    if not _quiet:
+        err.print(message, style=style)
+
+
+def show(renderable: Any) -> None:
+    """A rich renderable (table, panel) for the human reader."""
+    if not _quiet:
+        err.print(renderable)
+
+
+def error(line: str) -> None:
+    """Errors always reach stderr, even under --quiet, and never wrap."""
+    print(f"icml: error: {line}", file=sys.stderr, flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "item"):  # numpy scalars
+        return _jsonable(value.item())
+    return value
+
+
+def emit_json(obj: dict) -> None:
+    """The single JSON object of a `--json` command, on stdout."""
+    sys.stdout.write(json.dumps(_jsonable(obj), indent=None, default=str) + "\n")
+    sys.stdout.flush()
+
+
+@contextmanager
+def progress(description: str, total: float | None) -> Iterator[Callable[[float], None]]:
+    """A progress bar on stderr when it is a terminal and not --quiet; a no-op otherwise.
+
+    Yields `advance(n)`.
+    """
+    if _quiet or not err.is_terminal:
+        yield lambda n=1: None
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True)
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)

@@ -1,0 +1,217 @@
+"""The train → eval lifecycle shared by every method.
+
+A method supplies `pipeline.train(ctx)` and `pipeline.evaluate(ctx)`; this module resolves
+the config (preset → --config → --set), creates or reopens the run directory, seeds every
+generator, records status transitions in run.json, turns Ctrl-C into an `interrupted` run
+that `--resume` continues, and hands the method a `RunContext` to record results through.
+"""
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pandas as pd
+
+from . import config as config_io
+from . import console
+from .errors import IcmlError, UsageError
+from .method import PRESETS, Method
+from .results import append_metrics, metrics_schema, read_metrics, write_frame
+from .runstore import Run, RunStore
+
+INTERRUPTED_EXIT = 130
+
+
+@dataclass
+class RunContext:
+    """What a method's train/evaluate sees: its run, config, seed, device and a results sink."""
+
+    method: Method
+    run: Run
+    config: Any
+    seed: int
+    device: str
+    preset: str
+    phase: str
+    resumed: bool = False
+    _buffer: list[dict] = field(default_factory=list)
+
+    @property
+    def checkpoints(self) -> Path:
+        self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+        return self.run.checkpoints
+
+    @property
+    def schema(self):
+        return metrics_schema(self.method.tags)
+
+    def _complete(self, rows: Iterable[dict], split: str) -> list[dict]:
+        run_id = self.run.path.name
+        out = []
+        for row in rows:
+            full = {"run_id": run_id, "method": self.method.name, "phase": self.phase,
+                    "step": 0, "split": split, "seed": self.seed}
+            full.update(row)
+            out.append(full)
+        return out
+
+    def record(self, rows: Iterable[dict], split: str = "test") -> None:
+        """Record metric rows (metric, value, variant, tags…; step/split/seed optional).
+
+        Train rows are appended to metrics.parquet at once, so an interrupted run keeps
+        them; eval rows are written together when eval completes, replacing the rows of
+        any earlier eval of this run.
+        """
+        rows = self._complete(rows, split)
+        if not rows:
+            return
+        if self.phase == "eval":
+            self._buffer += rows
+        else:
+            append_metrics(self.run.metrics_path, rows, self.schema)
+
+    def flush(self) -> None:
+        if self.phase == "eval" and self._buffer:
+            append_metrics(self.run.metrics_path, self._buffer, self.schema, replace={"phase": "eval"})
+            self._buffer = []
+
+    def metrics(self) -> pd.DataFrame:
+        """The rows recorded so far (empty frame if none)."""
+        if not self.run.metrics_path.exists():
+            return pd.DataFrame(columns=self.schema.names)
+        return read_metrics(self.run.metrics_path, self.schema)
+
+    def write_table(self, name: str, frame: pd.DataFrame) -> Path:
+        path = self.run.table_path(name)
+        write_frame(path, frame)
+        return path
+
+    @contextmanager
+    def progress(self, description: str, total: float | None) -> Iterator[Callable[[float], None]]:
+        with console.progress(description, total) as advance:
+            yield advance
+
+    def log(self, message: str) -> None:
+        console.say(message)
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here", "use --device cpu or --device auto")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UsageError("--device mps: no Apple MPS device is available here", "use --device cpu or --device auto")
+    return name
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resolve_config(method: Method, preset: str | None, seed: int | None, config_file: Path | None,
+                   overrides: list[str]) -> tuple[Any, str, int]:
+    tree, defaults = ({}, {})
+    if config_file is not None:
+        tree, defaults = config_io.load_config_file(config_file)
+        if defaults.get("method") not in (None, method.name):
+            raise UsageError(f"config file '{config_file}' is for {defaults['method']}, not {method.name}",
+                             f"use 'icml {defaults['method']} train --config …'")
+    preset = preset or defaults.get("preset") or "default"
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset '{preset}'", f"use one of {', '.join(PRESETS)}")
+    seed = seed if seed is not None else int(defaults.get("seed", 0))
+    cfg = method.preset(preset)
+    if tree:
+        config_io.apply_tree(cfg, tree, f"config file '{config_file}'")
+    config_io.apply_overrides(cfg, overrides)
+    if method.validate is not None:
+        try:
+            method.validate(cfg)
+        except ValueError as exc:
+            raise UsageError(str(exc), "fix the value with --set or in the config file") from None
+    return cfg, preset, seed
+
+
+def config_from_run(method: Method, run: Run) -> tuple[Any, str, int]:
+    record = run.config_record()
+    preset = record.get("preset", "default")
+    cfg = method.preset(preset if preset in PRESETS else "default")
+    config_io.apply_tree(cfg, record.get("config", {}), f"{run.config_path}")
+    return cfg, preset, int(record.get("seed", 0))
+
+
+def _execute(ctx: RunContext, hook: Callable[[RunContext], None]) -> None:
+    """Run one phase's hook with status bookkeeping; Ctrl-C → interrupted (exit 130)."""
+    run = ctx.run
+    run.set_phase(ctx.phase, "running", device=ctx.device, resumed=ctx.resumed)
+    seed_everything(ctx.seed)
+    try:
+        hook(ctx)
+        ctx.flush()
+    except KeyboardInterrupt:
+        run.set_phase(ctx.phase, "interrupted")
+        hint = (f"resume with: icml {ctx.method.name} train --resume {run.path}" if ctx.phase == "train"
+                else f"re-run: icml {ctx.method.name} eval {run.path}")
+        console.error(f"interrupted; {ctx.phase} state kept in {run.path} — {hint}")
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    except IcmlError as exc:
+        run.set_phase(ctx.phase, "failed", error=exc.line())
+        raise
+    except Exception as exc:
+        run.set_phase(ctx.phase, "failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    run.set_phase(ctx.phase, "completed")
+
+
+def train(method: Method, store: RunStore, *, preset: str | None, seed: int | None, device: str,
+          config_file: Path | None, overrides: list[str], resume: Path | None) -> Run:
+    if resume is not None:
+        if overrides or config_file is not None or preset is not None or seed is not None:
+            raise UsageError("--resume continues a run with its own config, preset and seed",
+                             "drop --set/--config/--preset/--seed, or start a new run")
+        run = store.open(resume, method.name)
+        cfg, preset, seed = config_from_run(method, run)
+        if run.phase_status("train") == "completed":
+            console.say(f"train of {run.path} already completed; nothing to resume")
+            return run
+        resumed = True
+    else:
+        cfg, preset, seed = resolve_config(method, preset, seed, config_file, overrides)
+        resumed = False
+    device = resolve_device(device)
+    if not resumed:
+        run = store.create(method.name, preset, seed, device, config_io.to_dict(cfg))
+    pipeline = method.part("pipeline")
+    console.say(f"{method.name} train · preset {preset} · seed {seed} · {device} → {run.path}")
+    ctx = RunContext(method, run, cfg, seed, device, preset, "train", resumed=resumed)
+    _execute(ctx, pipeline.train)
+    return run
+
+
+def evaluate(method: Method, store: RunStore, *, run_dir: Path | None, device: str) -> Run:
+    run = store.open(run_dir, method.name) if run_dir else store.latest(method.name, "train")
+    if run.phase_status("train") != "completed":
+        raise UsageError(f"train of {run.path} is {run.phase_status('train') or 'missing'}",
+                         f"finish it first: icml {method.name} train --resume {run.path}")
+    cfg, preset, seed = config_from_run(method, run)
+    device = resolve_device(device)
+    pipeline = method.part("pipeline")
+    console.say(f"{method.name} eval · preset {preset} · seed {seed} · {device} · {run.path}")
+    ctx = RunContext(method, run, cfg, seed, device, preset, "eval")
+    _execute(ctx, pipeline.evaluate)
+    return run

@@ -1,0 +1,138 @@
+"""The root `icml` command: list, runs, report, and one sub-app per registered method.
+
+Importing this module imports no torch (help and listing stay fast); commands import
+their heavy dependencies when they run.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from icml.cli import __version__, console, registry
+from icml.cli.commands import check_format, guarded, report_runs, store
+from icml.cli.errors import UsageError
+from icml.cli.method_app import method_app
+from icml.cli.options import All, Debug, Format, Json, MethodName, Out, Quiet, RunDirs, RunsDir
+
+app = typer.Typer(name="icml", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Run, compare and report the methods of ICML 2026 papers.\n\n"
+                       "Each method has train → eval → report; results go to runs/<method>/<run-id>/.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"icml {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Show the version and exit.")] = False):
+    pass
+
+
+@app.command("list")
+@guarded
+def list_methods(json_: Json = False, quiet: Quiet = False, debug: Debug = False):
+    """The methods: subcommand, paper, arXiv id and status."""
+    methods = registry.all_methods()
+    if json_:
+        console.emit_json({"methods": [{"name": m.name, "title": m.title, "arxiv": m.arxiv,
+                                        "status": m.status, "summary": m.summary} for m in methods]})
+        return
+    from rich.table import Table
+
+    table = Table("method", "paper", "arXiv", "status", title="icml methods", title_justify="left")
+    for m in methods:
+        table.add_row(m.name, m.title, m.arxiv, m.status)
+    console.err.print(table)  # listing is the point of the command: shown even without a TTY
+
+
+@app.command("runs")
+@guarded
+def list_runs(method: MethodName = None, runs_dir: RunsDir = None, json_: Json = False,
+              quiet: Quiet = False, debug: Debug = False):
+    """The runs in the runs directory, oldest first."""
+    if method is not None:
+        registry.get(method)  # unknown method -> one clear line
+    rows = []
+    for run in store(runs_dir).runs(method):
+        try:
+            info = run.info()
+        except UsageError as exc:
+            rows.append({"run_dir": str(run.path), "status": "corrupt", "error": exc.problem})
+            continue
+        rows.append({"run_dir": str(run.path), "run_id": info["run_id"], "method": info["method"],
+                     "preset": info.get("preset"), "seed": info.get("seed"), "status": info.get("status"),
+                     "phases": {p: v.get("status") for p, v in info.get("phases", {}).items()},
+                     "started": info.get("started"), "updated": info.get("updated")})
+    if json_:
+        console.emit_json({"runs": rows})
+        return
+    from rich.table import Table
+
+    table = Table("run", "method", "preset", "seed", "train", "eval", "started", title="runs",
+                  title_justify="left")
+    for row in rows:
+        phases = row.get("phases", {})
+        table.add_row(row.get("run_id", row["run_dir"]), row.get("method", "?"), row.get("preset", "?"),
+                      str(row.get("seed", "?")), phases.get("train", row["status"]), phases.get("eval", "–"),
+                      str(row.get("started", "")))
+    console.err.print(table if rows else "no runs yet")
+
+
+@app.command("report")
+@guarded
+def report_all(run_dirs: RunDirs = None, method: MethodName = None, all_: All = False,
+               format: Format = "terminal", out: Out = None, runs_dir: RunsDir = None,
+               json_: Json = False, quiet: Quiet = False, debug: Debug = False):
+    """Report runs: given directories, the latest of --method, or --all runs with results."""
+    check_format(format)
+    runs_store = store(runs_dir)
+    if run_dirs:
+        runs = [runs_store.open(p) for p in run_dirs]
+    elif method:
+        registry.get(method)
+        runs = [r for r in runs_store.runs(method) if r.metrics_path.exists()][-1:]
+    elif all_:
+        runs = [r for r in runs_store.runs() if r.metrics_path.exists()]
+    else:
+        raise UsageError("report needs run directories, --method M or --all", "e.g. icml report --all")
+    if not runs:
+        raise UsageError(f"no runs with results in '{runs_store.root}'", "train and evaluate a method first")
+    report_runs(runs, format, out, json_)
+
+
+for _name in registry.METHODS:
+    app.add_typer(method_app(registry.get(_name)), name=_name)
+
+
+# Typer ships its own copy of click; its UsageError is reached through a public subclass.
+ClickUsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: click's usage errors become one line and exit code 2."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="icml", standalone_mode=False)
+    except ClickUsageError as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help(), file=sys.stderr)
+            return 2
+        message = exc.format_message()
+        path = ctx.command_path if ctx is not None else "icml"
+        fix = "run 'icml list' to see the methods" if "No such command" in message else f"see '{path} --help'"
+        console.error(f"{message} — {fix}")
+        return 2
+    except typer.Abort:
+        console.error("aborted")
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

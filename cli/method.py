@@ -1,0 +1,40 @@
+"""What a method declares to the workbench, in its package's `__init__.py`.
+
+The declaration is cheap to import (no torch): the CLI builds every method's help from it.
+The heavy parts are named by module and imported only when a command runs:
+- `<package>.pipeline` with `train(ctx)` and `evaluate(ctx)`;
+- `<package>.report` with `tables(frame)`, `plots(frame)` and optionally `headline(frame)`;
+- optionally `<package>.verbs` with `register(app)` for method-specific commands.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+PRESETS = ("smoke", "default", "paper")
+HIGHER, LOWER = "higher", "lower"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # the subcommand, e.g. "belief-filter"
+    package: str  # e.g. "icml.methods.belief_filter"
+    title: str  # the paper's title
+    arxiv: str
+    status: str  # complete | partial | planned
+    summary: str  # one line for `icml list` and help
+    config: type  # the root config dataclass
+    preset: Callable[[str], Any]  # preset name -> config instance
+    validate: Callable[[Any], None] | None = None  # raises ValueError with a one-line message
+    tags: dict[str, str] = field(default_factory=dict)  # tag column -> arrow type (string|int64|float64)
+    metrics: dict[str, str | None] = field(default_factory=dict)  # metric -> higher | lower | None
+    variants: tuple[str, ...] = ()
+    extra_verbs: bool = False
+
+    def part(self, name: str) -> ModuleType:
+        return importlib.import_module(f"{self.package}.{name}")
+
+    def better(self, metric: str) -> str | None:
+        return self.metrics.get(metric)

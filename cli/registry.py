@@ -1,0 +1,26 @@
+"""The registry of methods: subcommand -> package. Add one line here per new method.
+
+Kept explicit (no entry-point or folder scanning) so that `grep` finds every method and a
+test can check that every folder under methods/ is listed and importable without torch.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .errors import UsageError
+from .method import Method
+
+METHODS: dict[str, str] = {
+    "belief-filter": "icml.methods.belief_filter",
+}
+
+
+def get(name: str) -> Method:
+    if name not in METHODS:
+        raise UsageError(f"unknown method '{name}'",
+                         f"run 'icml list' to see the methods ({', '.join(sorted(METHODS))})")
+    return importlib.import_module(METHODS[name]).METHOD
+
+
+def all_methods() -> list[Method]:
+    return [get(name) for name in METHODS]

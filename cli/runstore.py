@@ -1,0 +1,216 @@
+"""The run store: `runs/<method>/<run-id>/` with run.json, config.json, metrics.parquet,
+extra tables, checkpoints/ and report/.
+
+run.json is the run's identity card (who, what, when, on which versions) and its status:
+running | completed | failed | interrupted, per phase (train, eval) and overall.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+STATUSES = ("running", "completed", "failed", "interrupted")
+VERSIONED_PACKAGES = ("torch", "transformers", "diffusers", "torch_geometric", "numpy", "pandas", "pyarrow")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (imports nothing heavy)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        versions["icml"] = metadata.version("icml")
+    except metadata.PackageNotFoundError:
+        versions["icml"] = None
+    return versions
+
+
+def git_commit() -> str | None:
+    source = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=source,
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+class Run:
+    """One run directory. All writes are atomic."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    # files ----------------------------------------------------------------
+    @property
+    def info_path(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.parquet"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.path / "report"
+
+    def table_path(self, name: str) -> Path:
+        return self.path / f"{name}.parquet"
+
+    # run.json --------------------------------------------------------------
+    def info(self) -> dict:
+        try:
+            data = json.loads(self.info_path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"'{self.path}' is not a run directory (no run.json)",
+                             "pass a directory under runs/<method>/, see 'icml runs'") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UsageError(f"run.json in '{self.path}' is corrupt",
+                             "delete the run directory or restore run.json") from None
+        if not isinstance(data, dict) or "method" not in data or "run_id" not in data:
+            raise UsageError(f"run.json in '{self.path}' lacks method/run_id",
+                             "delete the run directory or restore run.json")
+        return data
+
+    def update(self, **changes: Any) -> dict:
+        data = self.info()
+        data.update(changes)
+        atomic_write_json(self.info_path, data)
+        return data
+
+    def set_phase(self, phase: str, status: str, **extra: Any) -> dict:
+        assert status in STATUSES
+        data = self.info()
+        entry = dict(data.get("phases", {}).get(phase, {}))
+        if status == "running":
+            entry = {"status": status, "started": now(), "argv": sys.argv[1:]}
+        else:
+            entry.update(status=status, ended=now())
+        entry.update(extra)
+        data.setdefault("phases", {})[phase] = entry
+        data["status"] = status
+        data["updated"] = now()
+        atomic_write_json(self.info_path, data)
+        return data
+
+    def phase_status(self, phase: str) -> str | None:
+        return self.info().get("phases", {}).get(phase, {}).get("status")
+
+    @property
+    def run_id(self) -> str:
+        return self.info()["run_id"]
+
+    def config_record(self) -> dict:
+        try:
+            data = json.loads(self.config_path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"'{self.path}' has no config.json", "re-create the run with train") from None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UsageError(f"config.json in '{self.path}' is corrupt",
+                             "restore it or re-create the run with train") from None
+        return data
+
+
+class RunStore:
+    """The runs directory: create runs, find them, list them."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def create(self, method: str, preset: str, seed: int, device: str, config_tree: dict) -> Run:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_id = f"{stamp}-{preset}-s{seed}-{secrets.token_hex(2)}"
+        path = self.root / method / run_id
+        path.mkdir(parents=True, exist_ok=False)
+        run = Run(path)
+        atomic_write_json(run.config_path, {"method": method, "preset": preset, "seed": seed,
+                                            "config": config_tree})
+        atomic_write_json(run.info_path, {
+            "run_id": run_id, "method": method, "preset": preset, "seed": seed, "device": device,
+            "argv": sys.argv[1:], "status": "running", "started": now(), "updated": now(),
+            "phases": {}, "versions": package_versions(), "git_commit": git_commit(),
+            "host": platform.node(),
+        })
+        return run
+
+    def runs(self, method: str | None = None) -> list[Run]:
+        """Every directory holding a run.json, oldest first (run ids start with a timestamp)."""
+        if not self.root.exists():
+            return []
+        methods = [self.root / method] if method else sorted(p for p in self.root.iterdir() if p.is_dir())
+        found = []
+        for folder in methods:
+            if folder.is_dir():
+                found += [Run(p) for p in sorted(folder.iterdir()) if (p / "run.json").exists()]
+        return sorted(found, key=lambda r: (r.path.name, str(r.path)))
+
+    def latest(self, method: str, phase: str) -> Run:
+        """The newest run of `method` whose `phase` completed."""
+        for run in reversed(self.runs(method)):
+            try:
+                if run.phase_status(phase) == "completed":
+                    return run
+            except UsageError:
+                continue  # a corrupt run.json does not hide older good runs
+        raise UsageError(f"no run of {method} with a completed {phase} in '{self.root}'",
+                         f"run 'icml {method} {'train' if phase == 'train' else phase}' first, "
+                         f"or pass a run directory / --runs-dir")
+
+    def open(self, path: str | Path, method: str | None = None) -> Run:
+        path = Path(path)
+        if not path.exists():
+            raise UsageError(f"run directory '{path}' does not exist", "see 'icml runs' for the runs")
+        if not path.is_dir():
+            raise UsageError(f"'{path}' is not a directory", "pass a run directory, see 'icml runs'")
+        run = Run(path)
+        info = run.info()
+        if method and info["method"] != method:
+            raise UsageError(f"'{path}' is a run of {info['method']}, not {method}",
+                             f"use 'icml {info['method']} …' for it")
+        return run

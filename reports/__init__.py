@@ -1,0 +1,1 @@
+"""Reports: tables and plots of run results, rendered to terminal, markdown, HTML, CSV, JSON."""
