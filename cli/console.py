@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 from rich.console import Console
 
-err = Console(stderr=True, highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 _quiet = False
 
 

@@ -209,6 +209,8 @@ def evaluate(method: Method, store: RunStore, *, run_dir: Path | None, device: s
         raise UsageError(f"train of {run.path} is {run.phase_status('train') or 'missing'}",
                          f"finish it first: icml {method.name} train --resume {run.path}")
     cfg, preset, seed = config_from_run(method, run)
+    if run.metrics_path.exists():  # fail before the work, not after it, if results cannot be appended
+        read_metrics(run.metrics_path, metrics_schema(method.tags))
     device = resolve_device(device)
     pipeline = method.part("pipeline")
     console.say(f"{method.name} eval · preset {preset} · seed {seed} · {device} · {run.path}")

@@ -105,8 +105,12 @@ def report_all(run_dirs: RunDirs = None, method: MethodName = None, all_: All = 
     report_runs(runs, format, out, json_)
 
 
-for _name in registry.METHODS:
-    app.add_typer(method_app(registry.get(_name)), name=_name)
+def build_app() -> typer.Typer:
+    """The root app with one sub-app per registered method (built at each start, cheaply)."""
+    for name in registry.METHODS:
+        if name not in {group.name for group in app.registered_groups}:
+            app.add_typer(method_app(registry.get(name)), name=name)
+    return app
 
 
 # Typer ships its own copy of click; its UsageError is reached through a public subclass.
@@ -115,7 +119,7 @@ ClickUsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "U
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: click's usage errors become one line and exit code 2."""
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(build_app())
     try:
         result = command.main(args=argv, prog_name="icml", standalone_mode=False)
     except ClickUsageError as exc:

@@ -53,10 +53,10 @@ def to_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     for name in REQUIRED:
         if frame[name].isna().any():
             raise ValueError(f"column '{name}' has missing values")
-    for name in schema.names:  # pandas' nullable ints need an explicit object cast to reach pyarrow
-        if pa.types.is_integer(schema.field(name).type):
-            frame[name] = frame[name].astype("Int64")
     try:
+        for name in schema.names:  # integer columns with nulls need pandas' nullable Int64 to reach arrow
+            if pa.types.is_integer(schema.field(name).type):
+                frame[name] = frame[name].astype("Int64")
         return pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
         raise ValueError(f"metrics rows do not fit the schema: {exc}") from None

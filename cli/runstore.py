@@ -164,7 +164,7 @@ class RunStore:
         self.root = Path(root)
 
     def create(self, method: str, preset: str, seed: int, device: str, config_tree: dict) -> Run:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]  # ms: names sort in creation order
         run_id = f"{stamp}-{preset}-s{seed}-{secrets.token_hex(2)}"
         path = self.root / method / run_id
         path.mkdir(parents=True, exist_ok=False)

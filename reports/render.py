@@ -203,7 +203,7 @@ def render_json(sections: list[Section]) -> str:
                    for t in s.tables],
         "plots": [{"title": title, "path": str(path)} for title, path in s.plots],
     } for s in sections]}
-    return json.dumps(doc, indent=2, default=str)
+    return json.dumps(doc, default=str)  # one line: one JSON object for pipelines
 
 
 def write_run_report(section: Section) -> None:

@@ -156,7 +156,7 @@ def decay_kernel(log_decay: torch.Tensor, length: int) -> torch.Tensor:
     causal = lag >= 0
     lag = lag.clamp(min=0).to(log_decay.dtype).reshape(length, length, *([1] * log_decay.dim()))
     kernel = torch.exp(lag * log_decay)
-    return kernel * causal.reshape(length, length, *([1] * log_decay.dim()))
+    return kernel * causal.to(lag.dtype).reshape(length, length, *([1] * log_decay.dim()))
 
 
 class DeepALF(FeatureModule):

@@ -60,6 +60,9 @@ class EnvConfig:
 class PPOConfig:
     total_steps: int = 200_000  # environment steps per (arm, seed)
     n_envs: int = 64
+    # each env plays complete episodes until it has taken this many steps in an update
+    # (1: exactly one episode per env per update)
+    rollout_min_steps: int = 1
     epochs: int = 4
     minibatches: int = 4
     lr: float = 3e-3

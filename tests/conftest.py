@@ -1,0 +1,61 @@
+"""Shared fixtures: run the CLI in-process, and register the toy method of the framework tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> dict:
+        lines = [line for line in self.out.splitlines() if line.strip()]
+        assert len(lines) == 1, f"expected exactly one JSON line on stdout, got {self.out!r}"
+        return json.loads(lines[0])
+
+
+@pytest.fixture
+def icml(capsys, monkeypatch, tmp_path):
+    """icml(*argv) -> Result, in-process; runs land in tmp_path/runs unless --runs-dir is given."""
+    monkeypatch.setenv("ICML_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.delenv("ICML_DEBUG", raising=False)
+    from icml.cli.main import main
+
+    def run(*argv: str) -> Result:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """Register tests/toy_method as the method `toy` for this test."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    from icml.cli import registry
+
+    monkeypatch.setitem(registry.METHODS, "toy", "toy_method")
+    return "toy"
+
+
+def run_cli(argv: list[str], env: dict | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """The installed CLI in a subprocess (for start-up and signal tests)."""
+    return subprocess.run([sys.executable, "-m", "icml.cli.main", *argv], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, **kw)

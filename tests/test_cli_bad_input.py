@@ -1,0 +1,115 @@
+"""Every bad input: one clear line on stderr naming problem and fix, exit 2 (usage) or 1
+(runtime), no traceback, and nothing already on disk modified."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+
+def one_error_line(result, *needles: str) -> None:
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("icml: error: ") and " — " in lines[0], lines[0]
+    assert "Traceback" not in result.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def digest(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and "report" not in p.parts}
+
+
+@pytest.fixture
+def trained(icml, toy, tmp_path):
+    assert icml("toy", "train", "--preset", "smoke").code == 0
+    assert icml("toy", "eval").code == 0
+    return next((tmp_path / "runs" / "toy").iterdir())
+
+
+@pytest.mark.parametrize("argv, code, needles", [
+    (["nosuch", "train"], 2, ["No such command 'nosuch'", "icml list"]),
+    (["toy", "train", "--preset", "huge"], 2, ["unknown preset 'huge'", "smoke, default, paper"]),
+    (["toy", "train", "--set", "stepz=3"], 2, ["unknown config key 'stepz'", "did you mean 'steps'",
+                                                "valid keys: steps, lr"]),
+    (["toy", "train", "--set", "steps=many"], 2, ["bad value \"many\" for 'steps'", "expected an integer"]),
+    (["toy", "train", "--set", "steps"], 2, ["malformed --set 'steps'", "key=value"]),
+    (["toy", "train", "--set", "steps=0"], 2, ["steps must be positive"]),
+    (["toy", "train", "--set", "lr=[1,2]"], 2, ["for 'lr'", "expected a number"]),
+    (["toy", "train", "--device", "cuda"], 2, ["no CUDA device", "--device cpu"]),
+    (["toy", "train", "--wat"], 2, ["No such option: --wat", "icml toy train --help"]),
+    (["toy", "eval"], 2, ["no run of toy with a completed train", "icml toy train"]),
+    (["toy", "eval", "does/not/exist"], 2, ["does not exist", "icml runs"]),
+    (["report"], 2, ["report needs run directories"]),
+    (["report", "--method", "nosuch"], 2, ["unknown method 'nosuch'"]),
+    (["toy", "report", "--format", "pdf"], 2, ["unknown report format 'pdf'", "markdown"]),
+])
+def test_usage_errors(icml, toy, argv, code, needles):
+    if "cuda" in argv:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present here")
+    result = icml(*argv)
+    assert result.code == code
+    one_error_line(result, *needles)
+
+
+def test_config_file_errors(icml, toy, tmp_path):
+    missing = icml("toy", "train", "--config", tmp_path / "none.json")
+    assert missing.code == 2
+    one_error_line(missing, "does not exist")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    result = icml("toy", "train", "--config", broken)
+    assert result.code == 2
+    one_error_line(result, "not valid JSON (line 1")
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({"steps": 3, "nope": 1}))
+    result = icml("toy", "train", "--config", unknown)
+    assert result.code == 2
+    one_error_line(result, "unknown config key 'nope'")
+    assert not (tmp_path / "runs").exists()  # no run directory was created for bad input
+
+
+def test_corrupt_run_json_and_parquet_leave_files_alone(icml, trained, tmp_path):
+    before = digest(trained)
+    (trained / "metrics.parquet").write_bytes(b"PAR1 this is not parquet")
+    corrupted = digest(trained)
+    result = icml("toy", "report", trained)
+    assert result.code == 1
+    one_error_line(result, "is corrupt", "re-run")
+    result = icml("toy", "eval", trained)  # eval must not overwrite what it cannot read
+    assert result.code == 1
+    one_error_line(result, "is corrupt")
+    assert digest(trained) == corrupted  # refused before starting: run.json untouched too
+
+    (trained / "run.json").write_text("{")
+    result = icml("toy", "report", trained)
+    assert result.code == 2
+    one_error_line(result, "run.json", "is corrupt")
+    assert before.keys() == digest(trained).keys()
+
+
+def test_resume_rejects_overrides(icml, trained):
+    result = icml("toy", "train", "--resume", trained, "--set", "steps=3")
+    assert result.code == 2
+    one_error_line(result, "--resume continues a run with its own config")
+
+
+def test_wrong_method_run_dir(icml, trained):
+    result = icml("belief-filter", "eval", trained)
+    assert result.code == 2
+    one_error_line(result, "is a run of toy, not belief-filter")
+
+
+def test_debug_raises_instead_of_one_line(icml, trained):
+    from icml.cli.errors import IcmlError
+    from icml.cli.main import main
+
+    (trained / "metrics.parquet").write_bytes(b"garbage")
+    with pytest.raises(IcmlError, match="is corrupt"):
+        main(["toy", "report", str(trained), "--debug"])

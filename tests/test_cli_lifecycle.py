@@ -1,0 +1,152 @@
+"""The lifecycle through the CLI, on the toy method: train → eval → report, --json, runs,
+determinism, --config reproduction, Ctrl-C and --resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from conftest import TESTS
+
+
+def only_run(root: Path, method: str = "toy") -> Path:
+    runs = sorted((root / method).iterdir())
+    assert len(runs) == 1
+    return runs[0]
+
+
+def test_train_eval_report_json(icml, toy, tmp_path):
+    result = icml("toy", "train", "--preset", "smoke", "--seed", "3", "--json")
+    assert result.code == 0, result.err
+    doc = result.json()
+    run = Path(doc["run_dir"])
+    assert doc["status"] == "completed" and doc["phase"] == "train" and doc["method"] == "toy"
+    assert set(doc["metrics"]["loss"]) == {"sgd", "momentum"}
+    info = json.loads((run / "run.json").read_text())
+    for key in ("run_id", "method", "argv", "preset", "seed", "device", "status", "started", "versions",
+                "git_commit"):
+        assert key in info
+    assert info["preset"] == "smoke" and info["seed"] == 3 and info["device"] == "cpu"
+    for package in ("python", "torch", "transformers", "diffusers", "torch_geometric"):
+        assert package in info["versions"]
+    assert json.loads((run / "config.json").read_text())["config"]["steps"] == 20
+    assert (run / "checkpoints" / "sgd.pt").exists()
+
+    result = icml("toy", "eval", "--json")  # defaults to the latest trained run
+    assert result.code == 0, result.err
+    doc = result.json()
+    assert doc["run_dir"] == str(run) and doc["phase"] == "eval" and doc["status"] == "completed"
+    assert set(doc["metrics"]["mse"]) == {"sgd", "momentum"}
+
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    assert list(frame.columns[:9]) == ["run_id", "method", "phase", "step", "split", "variant", "metric",
+                                       "value", "seed"]
+    assert set(frame["phase"]) == {"train", "eval"}
+    assert (frame.loc[frame.phase == "train", "split"] == "train").all()
+    assert frame["lr"].notna().all() and (frame["seed"] == 3).all()
+
+    result = icml("toy", "report")  # terminal: human output on stderr, nothing on stdout
+    assert result.code == 0 and result.out == ""
+    assert "mse" in result.err and "smoke" in result.err
+    for name in ("report.md", "report.html", "toy_loss_curve.png"):
+        assert (run / "report" / name).exists()
+
+
+def test_report_formats(icml, toy, tmp_path):
+    assert icml("toy", "train", "--preset", "smoke").code == 0
+    assert icml("toy", "eval").code == 0
+    run = only_run(tmp_path / "runs")
+
+    md = icml("toy", "report", "--format", "markdown").out
+    assert "| variant | mse ↓ |" in md and "smoke preset" in md
+
+    html_out = tmp_path / "r.html"
+    assert icml("report", "--all", "--format", "html", "--out", html_out).code == 0
+    html = html_out.read_text()
+    assert "src='data:image/png;base64," in html and "mse ↓" in html
+    assert "http://" not in html and "https://" not in html  # self-contained
+
+    csv = icml("report", str(run), "--format", "csv").out
+    assert set(pd.read_csv(__import__("io").StringIO(csv))["metric"]) == {"loss", "mse"}
+
+    doc = json.loads(icml("report", "--method", "toy", "--format", "json").out)
+    (entry,) = doc["runs"]
+    assert entry["smoke"] is True and entry["headline"]["mse"].keys() == {"sgd", "momentum"}
+    titles = [t["title"] for t in entry["tables"]]
+    assert "eval metrics" in titles
+    assert icml("report", "--method", "toy", "--json").json()["runs"][0]["run_id"] == run.name
+
+
+def test_runs_listing(icml, toy, tmp_path):
+    assert icml("toy", "train", "--preset", "smoke").code == 0
+    doc = icml("runs", "--json").json()
+    (row,) = doc["runs"]
+    assert row["method"] == "toy" and row["phases"] == {"train": "completed"}
+    assert icml("runs", "--method", "toy", "--json").json()["runs"] == doc["runs"]
+    assert icml("runs", "--method", "nope").code == 2
+
+
+def test_same_seed_same_metrics_and_config_reproduces(icml, toy, tmp_path):
+    runs = []
+    for argv in (["--seed", "5"], ["--seed", "5"], ["--seed", "6"]):
+        result = icml("toy", "train", "--preset", "smoke", "--set", "lr=0.01", *argv, "--json")
+        runs.append(Path(result.json()["run_dir"]))
+    reproduced = icml("toy", "train", "--config", runs[0] / "config.json", "--json")
+    runs.append(Path(reproduced.json()["run_dir"]))
+
+    def values(run):
+        return pq.read_table(run / "metrics.parquet").to_pandas()["value"].tolist()
+
+    assert values(runs[0]) == values(runs[1]) == values(runs[3])
+    assert values(runs[0]) != values(runs[2])
+    info = json.loads((runs[3] / "run.json").read_text())
+    assert info["preset"] == "smoke" and info["seed"] == 5
+
+
+def _launch(argv, runs_dir):
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from icml.cli import registry; "
+            "registry.METHODS['toy'] = 'toy_method'; from icml.cli.main import main; sys.exit(main(sys.argv[2:]))")
+    return subprocess.Popen([sys.executable, "-c", code, str(TESTS), *argv],
+                            env={**os.environ, "ICML_RUNS_DIR": str(runs_dir)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ctrl_c_marks_interrupted_and_resume_matches_uninterrupted(tmp_path):
+    runs_dir = tmp_path / "runs"
+    slow = ["toy", "train", "--preset", "smoke", "--set", "sleep=0.05", "--set", "variants=sgd",
+            "--set", "steps=60"]
+    proc = _launch(slow, runs_dir)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(runs_dir.glob("toy/*/checkpoints/sgd.pt")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "--resume" in err
+    run = only_run(runs_dir)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["phases"]["train"]["status"] == "interrupted"
+    partial = pq.read_table(run / "metrics.parquet").to_pandas()
+    assert 0 < len(partial) < 60
+
+    resumed = _launch(["toy", "train", "--resume", str(run), "--json"], runs_dir)
+    out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    assert json.loads(out)["status"] == "completed"
+    assert json.loads((run / "run.json").read_text())["phases"]["train"]["resumed"] is True
+
+    fresh = _launch(slow[:5] + ["sleep=0", *slow[6:], "--runs-dir", str(tmp_path / "fresh")], runs_dir)
+    fresh.communicate(timeout=120)
+    assert fresh.returncode == 0
+    reference = pq.read_table(only_run(tmp_path / "fresh") / "metrics.parquet").to_pandas()
+    finished = pq.read_table(run / "metrics.parquet").to_pandas()
+    assert finished["step"].tolist() == list(range(1, 61))
+    assert finished["value"].tolist() == reference["value"].tolist()

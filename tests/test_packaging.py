@@ -1,0 +1,84 @@
+"""Packaging and start-up: one `icml` namespace in the wheel, every method folder registered
+and importable without torch, and help that never imports torch."""
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from icml.cli import registry
+
+
+def method_folders() -> list[str]:
+    return sorted(p.name for p in (REPO / "methods").iterdir()
+                  if p.is_dir() and (p / "__init__.py").exists() and not p.name.startswith("_"))
+
+
+def test_every_method_folder_is_registered():
+    registered = {value.rsplit(".", 1)[-1] for value in registry.METHODS.values()}
+    assert set(method_folders()) == registered
+    for name, package in registry.METHODS.items():
+        method = importlib.import_module(package).METHOD
+        assert method.name == name and method.package == package
+        assert name.replace("-", "_") == package.rsplit(".", 1)[-1]
+
+
+def test_declarations_and_help_import_no_torch():
+    code = ("import sys\n"
+            "from icml.cli import registry\n"
+            "from icml.cli.main import main\n"
+            "[registry.get(n) for n in registry.METHODS]\n"
+            "for argv in (['--help'], ['list', '--json'], *[[n, '--help'] for n in registry.METHODS],"
+            " *[[n, 'train', '--help'] for n in registry.METHODS]):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "heavy = [m for m in ('torch', 'transformers', 'diffusers', 'torch_geometric', 'matplotlib', 'pandas')"
+            " if m in sys.modules]\n"
+            "assert not heavy, heavy\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_help_version_and_list():
+    result = run_cli(["--help"])
+    assert result.returncode == 0
+    for name in registry.METHODS:
+        assert name in result.stdout
+    version = run_cli(["--version"])
+    assert version.returncode == 0 and version.stdout.startswith("icml ")
+    listing = run_cli(["list", "--json"])
+    import json
+
+    doc = json.loads(listing.stdout)
+    names = [m["name"] for m in doc["methods"]]
+    assert names == list(registry.METHODS)
+    assert all(m["arxiv"] and m["title"] and m["status"] for m in doc["methods"])
+    for name in registry.METHODS:
+        sub = run_cli([name, "--help"])
+        assert sub.returncode == 0
+        assert all(verb in sub.stdout for verb in ("train", "eval", "report"))
+        train = run_cli([name, "train", "--help"])
+        for option in ("--preset", "--seed", "--device", "--runs-dir", "--set", "--config", "--resume",
+                       "--json", "--quiet", "--debug"):
+            assert option in train.stdout
+
+
+def test_wheel_holds_one_icml_namespace(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                             "-q", "-w", str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = tmp_path.glob("icml-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert top <= {"icml", *(n.split("/")[0] for n in names if ".dist-info" in n)}
+    for folder in ("cli", "methods", "data", "reports"):
+        assert f"icml/{folder}/__init__.py" in names
+    for folder in method_folders():
+        assert f"icml/methods/{folder}/__init__.py" in names
+        sources = sorted(p.name for p in (REPO / "methods" / folder).glob("*.py"))
+        assert all(f"icml/methods/{folder}/{s}" in names for s in sources)
+    assert not any(n.startswith(("cli/", "methods/", "data/", "reports/", "tests/")) for n in names)
