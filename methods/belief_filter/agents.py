@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from .config import BeliefFilterConfig
 from .filters import alf_step, lof_step, normalise_logits
-from .ringworld import N_ACTIONS, NO_ACTION, RingWorldModel
+from .ringworld import N_ACTIONS, RingWorldModel
 
 DTYPE = torch.float64
 LOGIT_FLOOR = -20.0  # `lof_logits` clip: log-beliefs below e^-20 carry no usable information
@@ -74,9 +74,10 @@ class ObsOnly(FeatureModule):
         super().__init__()
         self.n_obs = model.n_obs
         self.feature_dim = model.n_obs
+        self.register_buffer("_device_anchor", torch.zeros(0, dtype=DTYPE), persistent=False)
 
     def initial_state(self, batch: int) -> torch.Tensor:
-        return torch.zeros(batch, 0, dtype=DTYPE)
+        return torch.zeros(batch, 0, dtype=DTYPE, device=self._device_anchor.device)
 
     def step(self, state, obs, prev_action):
         return state, F.one_hot(obs, self.n_obs).to(DTYPE)

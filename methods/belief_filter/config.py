@@ -45,6 +45,7 @@ class E3Config:
     floor: float = 0.01  # E columns are floor + scale * Dirichlet(alpha)
     scale: float = 0.88
     alpha: float = 0.3
+    lambda_: float = 0.7  # δ = λ / log(1/ε) for alf_lambda_log and alf_wrong_action (`e3.lambda`)
 
 
 @dataclass
@@ -61,8 +62,8 @@ class PPOConfig:
     total_steps: int = 200_000  # environment steps per (arm, seed)
     n_envs: int = 64
     # each env plays complete episodes until it has taken this many steps in an update
-    # (1: exactly one episode per env per update)
-    rollout_min_steps: int = 1
+    # (1: exactly one episode per env; 32 gives ~2.3k steps and ~95 updates per 200k)
+    rollout_min_steps: int = 32
     epochs: int = 4
     minibatches: int = 4
     lr: float = 3e-3
@@ -135,3 +136,6 @@ def validate(cfg: BeliefFilterConfig) -> None:
 
         if not Path(cfg.hmm.path).is_file():
             raise ValueError(f"hmm.path '{cfg.hmm.path}' is not a file (expected JSON with T or P, E, pi0)")
+        from icml.methods.belief_filter.hmm import load_hmm_json  # torch: only when a file is given
+
+        load_hmm_json(cfg.hmm.path)  # a malformed file fails before training, not after

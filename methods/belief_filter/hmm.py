@@ -179,6 +179,8 @@ def e3_hmm(n_states: int, n_obs: int, floor: float, scale: float, alpha: float,
 def load_hmm_json(path: str | Path) -> HMM:
     """Read a user HMM: {"T": n x n} or {"P": [n x n, ...] one per action}, "E": m x n, "pi0": n.
 
+    A P list with a single matrix is treated as the uncontrolled T.
+
     Every problem raises ValueError with one line that names it and says how to fix it.
     Column sums are checked to 1e-6 and then renormalised to machine precision, so the
     filters work with exact probability vectors.
@@ -207,17 +209,17 @@ def load_hmm_json(path: str | Path) -> HMM:
 
     E = _as_array(data["E"], "E", where, ndim=2)
     n_obs, n = E.shape
-    _check_stochastic(E, "E", where, "E[y][i] = P(y | s=i)")
+    _check_stochastic(E, "E", where, "E[y][i] = P(y | s=i), columns must sum to 1")
     pi0 = _as_array(data["pi0"], "pi0", where, ndim=1)
     if pi0.shape != (n,):
         raise ValueError(f"{where}: pi0 has length {pi0.shape[0]}, expected {n} "
                          f"(one entry per state, the number of columns of E)")
-    _check_stochastic(pi0[:, None], "pi0", where, "pi0 is a probability vector")
+    _check_stochastic(pi0[:, None], "pi0", where, "pi0 is the initial state distribution")
 
     if "T" in data:
         T = _as_array(data["T"], "T", where, ndim=2)
         _check_square(T, "T", n, where)
-        _check_stochastic(T, "T", where, "T[i][j] = P(s_k=i | s_{k-1}=j)")
+        _check_stochastic(T, "T", where, "T[i][j] = P(s_k=i | s_{k-1}=j), columns must sum to 1")
     else:
         if not isinstance(data["P"], list) or not data["P"]:
             raise ValueError(f"{where}: P must be a non-empty list of n x n matrices, one per action")
@@ -226,9 +228,11 @@ def load_hmm_json(path: str | Path) -> HMM:
             name = f"P[{a}]"
             M = _as_array(raw, name, where, ndim=2)
             _check_square(M, name, n, where)
-            _check_stochastic(M, name, where, f"{name}[i][j] = P(s_k=i | s_{{k-1}}=j, a_k={a})")
+            _check_stochastic(M, name, where, f"{name}[i][j] = P(s_k=i | s_{{k-1}}=j, a_k={a}), "
+                                              f"columns must sum to 1")
             mats.append(M)
-        T = np.stack(mats)
+        # One action is no control at all: store it as the uncontrolled T.
+        T = mats[0] if len(mats) == 1 else np.stack(mats)
 
     def exact(x: np.ndarray) -> torch.Tensor:
         x = torch.as_tensor(x, dtype=DTYPE)
@@ -260,11 +264,11 @@ def _check_square(M: np.ndarray, name: str, n: int, where: str) -> None:
                          f"{n} x {n} (n = number of states = columns of E)")
 
 
-def _check_stochastic(M: np.ndarray, name: str, where: str, meaning: str) -> None:
+def _check_stochastic(M: np.ndarray, name: str, where: str, rule: str) -> None:
+    """Every column of M must sum to 1 (within STOCHASTIC_TOL); `rule` explains why."""
     sums = M.sum(axis=0)
     bad = np.flatnonzero(np.abs(sums - 1.0) > STOCHASTIC_TOL)
     if bad.size:
         j = int(bad[0])
-        what = "pi0" if name == "pi0" else f"column {j} of {name}"
-        raise ValueError(f"{where}: {what} sums to {sums[j]:.6g}, expected 1 "
-                         f"({meaning}, columns must sum to 1)")
+        what = name if M.shape[1] == 1 else f"column {j} of {name}"
+        raise ValueError(f"{where}: {what} sums to {sums[j]:.6g}, expected 1 ({rule})")

@@ -15,14 +15,15 @@ def policy_checkpoint(ctx: RunContext, arm: str, seed: int):
 
 
 def train(ctx: RunContext) -> None:
+    from icml.cli.threads import single_thread
     from icml.methods.belief_filter.ppo import train_arm
 
     cfg = ctx.config
     recorded = ctx.metrics()
     finished = set(zip(recorded["variant"], recorded["seed"]))  # curves already in metrics.parquet
     jobs = [(arm, seed) for seed in e4_seeds(ctx) for arm in cfg.arms]
-    with ctx.progress("E4 PPO (env steps)", len(jobs) * cfg.ppo.total_steps) as advance:
-        for arm, seed in jobs:
+    with ctx.progress("E4 PPO (env steps)", len(jobs) * cfg.ppo.total_steps) as advance, single_thread():
+        for arm, seed in jobs:  # small recurrent nets: one thread is fastest
             if (arm, seed) in finished:
                 advance(cfg.ppo.total_steps)
                 continue
@@ -45,18 +46,24 @@ def load_user_hmm(ctx: RunContext):
 
 
 def evaluate(ctx: RunContext) -> None:
-    from icml.methods.belief_filter.experiments import run_e1, run_e2, run_e3
+    from icml.cli.threads import single_thread
+    from icml.methods.belief_filter.experiments import experiments_for, run_e1, run_e2, run_e3
     from icml.methods.belief_filter.ppo import evaluate_arm
 
     cfg = ctx.config
     hmm = load_user_hmm(ctx)
+    applicable = experiments_for(hmm)
+    if hmm is not None:
+        ctx.log(f"user HMM {cfg.hmm.path}: runs {', '.join(applicable)}")
     ctx.record(run_e1(cfg.e1, ctx.seed, hmm=hmm))
-    with ctx.progress("E2 two-state protocol (steps)", cfg.e2.horizon) as advance:
-        ctx.record(run_e2(cfg.e2, ctx.seed, hmm=hmm, progress=_stepper(advance)))
-    with ctx.progress("E3 action-controlled (steps)", cfg.e3.horizon) as advance:
-        ctx.record(run_e3(cfg.e3, ctx.seed, hmm=hmm, progress=_stepper(advance)))
+    if "e2" in applicable:
+        with ctx.progress("E2 two-state protocol (steps)", cfg.e2.horizon) as advance:
+            ctx.record(run_e2(cfg.e2, ctx.seed, hmm=hmm, progress=_stepper(advance)))
+    if "e3" in applicable:
+        with ctx.progress("E3 action-controlled (steps)", cfg.e3.horizon) as advance:
+            ctx.record(run_e3(cfg.e3, ctx.seed, hmm=hmm, progress=_stepper(advance)))
     jobs = [(arm, seed) for seed in e4_seeds(ctx) for arm in cfg.arms]
-    with ctx.progress("E4 evaluation (policies)", len(jobs)) as advance:
+    with ctx.progress("E4 evaluation (policies)", len(jobs)) as advance, single_thread():
         for arm, seed in jobs:
             path = policy_checkpoint(ctx, arm, seed)
             if not path.exists():

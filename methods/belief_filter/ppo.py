@@ -151,27 +151,39 @@ def gae(reward: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, gamma: fl
     return advantage, advantage + value
 
 
-def ppo_loss(agent: Agent, batch: EpisodeBatch, episodes: torch.Tensor, advantage: torch.Tensor,
-             returns: torch.Tensor, cfg: BeliefFilterConfig) -> torch.Tensor:
+def minibatch_table(agent: Agent, batch: EpisodeBatch, advantage: torch.Tensor,
+                    returns: torch.Tensor) -> torch.Tensor:
+    """Everything the loss reads per step, as one (T, N, C) table, so that a minibatch
+    is two indexing operations: [action, old log-prob, advantage, return, features…]
+    (the features only for fixed memories; learned ones recompute theirs)."""
+    columns = [batch.action.to(DTYPE), batch.log_prob, advantage, returns]
+    table = torch.stack(columns, dim=-1)
+    if not agent.memory.learned:
+        table = torch.cat([table, batch.features], dim=-1)
+    return table
+
+
+def ppo_loss(agent: Agent, batch: EpisodeBatch, table: torch.Tensor, episodes: torch.Tensor,
+             cfg: BeliefFilterConfig) -> torch.Tensor:
     """Clipped-surrogate PPO loss on a group of whole episodes."""
     horizon = int(batch.length[episodes].max())
     mask = batch.mask[:horizon, episodes]
+    rows = table[:horizon, episodes][mask]
     if agent.memory.learned:  # replay the memory from the reset, with gradient
         features = agent.memory.sequence(batch.obs[:horizon, episodes],
-                                         batch.prev_action[:horizon, episodes])
+                                         batch.prev_action[:horizon, episodes])[mask]
     else:
-        features = batch.features[:horizon, episodes]
-    logits, value = agent.heads(features[mask])
+        features = rows[:, 4:]
+    action, old_log_prob, adv, target = rows[:, 0].long(), rows[:, 1], rows[:, 2], rows[:, 3]
+    logits, value = agent.heads(features)
     log_probs = F.log_softmax(logits, dim=-1)
-    action = batch.action[:horizon, episodes][mask]
-    old_log_prob = batch.log_prob[:horizon, episodes][mask]
-    adv = advantage[:horizon, episodes][mask]
-    adv = (adv - adv.mean()) / (adv.std() + 1e-8) if adv.numel() > 1 else adv
+    if adv.numel() > 1:  # per-minibatch advantage normalisation
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
 
     ratio = torch.exp(log_probs.gather(-1, action[:, None]).squeeze(-1) - old_log_prob)
     clip = cfg.ppo.clip
     policy_loss = -torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv).mean()
-    value_loss = 0.5 * (value - returns[:horizon, episodes][mask]).pow(2).mean()
+    value_loss = 0.5 * (value - target).pow(2).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
     return policy_loss + cfg.ppo.vf_coef * value_loss - cfg.ppo.ent_coef * entropy
 
@@ -218,7 +230,7 @@ def train_arm(cfg: BeliefFilterConfig, arm: str, seed: int, checkpoint_path: Pat
     ppo = cfg.ppo
     model = build_model(cfg.env).to(device)
     agent = _seeded_agent(cfg, arm, model, seed, device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.lr, eps=1e-5)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=ppo.lr, eps=1e-5, fused=device == "cpu")
     generator = torch.Generator(device=device).manual_seed(seed)
     env = RingWorld(model, ppo.n_envs, cfg.env.episode_len, generator)
     step, update, curve = 0, 0, []
@@ -250,11 +262,12 @@ def train_arm(cfg: BeliefFilterConfig, arm: str, seed: int, checkpoint_path: Pat
         with torch.no_grad():
             advantage, returns = gae(batch.reward, batch.value, batch.mask, ppo.gamma,
                                      ppo.gae_lambda)
+        table = minibatch_table(agent, batch, advantage, returns)
         n_episodes = batch.length.numel()
         for _ in range(ppo.epochs):
             order = torch.randperm(n_episodes, generator=generator, device=device)
             for episodes in order.chunk(ppo.minibatches):
-                loss = ppo_loss(agent, batch, episodes, advantage, returns, cfg)
+                loss = ppo_loss(agent, batch, table, episodes, cfg)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(agent.parameters(), ppo.max_grad_norm)

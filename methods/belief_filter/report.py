@@ -155,7 +155,7 @@ def _learning_curves(train: pd.DataFrame):
 def _ringworld_diagram(config):
     import matplotlib.pyplot as plt
 
-    from icml.methods.belief_filter.ringworld import BEACON_ANGLES, GOAL_LABELS, TRAP_LABELS
+    from icml.methods.belief_filter.ringworld import GOAL_LABELS, N_BEACONS, TRAP_LABELS
 
     n = config.env.n_positions
     figure, axis = plt.subplots(figsize=(4.6, 4.6))
@@ -164,9 +164,9 @@ def _ringworld_diagram(config):
         colour = "tab:green" if label in GOAL_LABELS else "tab:red" if label in TRAP_LABELS else "lightgrey"
         axis.add_patch(plt.Circle((np.cos(theta), np.sin(theta)), 0.12, color=colour))
         axis.text(np.cos(theta), np.sin(theta), str(label), ha="center", va="center", fontsize=8)
-    for j, beta in enumerate(BEACON_ANGLES):
+    for j, beta in enumerate(np.arange(N_BEACONS) * np.pi / 2):  # β_j = jπ/2
         axis.plot(1.45 * np.cos(beta), 1.45 * np.sin(beta), marker="*", ms=14, color="tab:orange")
-        axis.text(1.62 * np.cos(beta), 1.62 * np.sin(beta), f"b{j + 1}", ha="center", va="center", fontsize=8)
+        axis.text(1.62 * np.cos(beta), 1.62 * np.sin(beta), f"β{j}", ha="center", va="center", fontsize=8)
     axis.set_xlim(-1.9, 1.9)
     axis.set_ylim(-1.9, 1.9)
     axis.set_aspect("equal")

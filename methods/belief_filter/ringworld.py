@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import EnvConfig
+from .hmm import cyclic_shift
 
 ACTION_NAMES = ("CW1", "CW2", "CCW1", "CCW2")
 ACTION_SHIFTS = (+1, +2, -1, -2)
@@ -95,14 +96,6 @@ class RingWorldModel:
         return RingWorldModel(**moved)
 
 
-def permutation(n: int, shift: int) -> torch.Tensor:
-    """P with P[i, j] = 1 iff i = j + shift (mod n): column j sends position j to j+shift."""
-    P = torch.zeros(n, n, dtype=torch.float64)
-    j = torch.arange(n)
-    P[(j + shift) % n, j] = 1.0
-    return P
-
-
 def build_model(env: EnvConfig) -> RingWorldModel:
     n = env.n_positions
     if n < 12:
@@ -114,7 +107,7 @@ def build_model(env: EnvConfig) -> RingWorldModel:
         raise ValueError(f"env.eps must be in [0, 1), got {env.eps}")
 
     shifts = torch.tensor(list(ACTION_SHIFTS) + [0], dtype=torch.long)
-    P = torch.stack([permutation(n, int(s)) for s in shifts])
+    P = torch.stack([cyclic_shift(n, int(s)) for s in shifts])  # P[i, j] = 1 iff i = j + shift
     slip_target = torch.eye(n, dtype=torch.float64) if env.slip == "stay" \
         else torch.full((n, n), 1.0 / n, dtype=torch.float64)
     T = (1.0 - env.eps) * P + env.eps * slip_target

@@ -1,0 +1,69 @@
+"""`make bench`: start-up and smoke-run timings as ratios against baselines measured in the
+same run, written to Parquet (not part of `make test`; timings never gate the tests).
+
+- startup: `icml --help` against a bare `python -c pass` (goal: help stays light, no torch).
+- smoke/<method>: train + eval + report at `--preset smoke`, against `python -c "import torch"`
+  (the floor any torch method pays) and against the 60 s smoke budget.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from icml.cli.registry import METHODS
+from icml.cli.results import write_frame
+
+
+def timed(argv: list[str], env: dict | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **(env or {})})
+    return time.perf_counter() - start
+
+
+def median_time(argv: list[str], repeats: int) -> float:
+    return statistics.median(timed(argv) for _ in range(repeats))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/bench.parquet"))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    args = parser.parse_args()
+    py = sys.executable
+    icml = [py, "-m", "icml.cli.main"]
+    rows = []
+
+    bare = median_time([py, "-c", "pass"], args.repeats)
+    helped = median_time(icml + ["--help"], args.repeats)
+    rows.append({"bench": "startup", "seconds": helped, "baseline": "python -c pass",
+                 "baseline_seconds": bare, "ratio": helped / bare})
+
+    torch_floor = median_time([py, "-c", "import torch"], 3)
+    for method in args.methods:
+        with tempfile.TemporaryDirectory() as runs:
+            env = {"ICML_RUNS_DIR": runs}
+            seconds = sum(timed(icml + [method, verb] + (["--preset", "smoke"] if verb == "train" else [])
+                                + ["--quiet"], env) for verb in ("train", "eval", "report"))
+        rows.append({"bench": f"smoke/{method}", "seconds": seconds, "baseline": "python -c 'import torch'",
+                     "baseline_seconds": torch_floor, "ratio": seconds / torch_floor})
+        rows.append({"bench": f"smoke/{method}", "seconds": seconds, "baseline": "smoke budget 60 s",
+                     "baseline_seconds": 60.0, "ratio": seconds / 60.0})
+
+    frame = pd.DataFrame(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_frame(args.out, frame)
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
