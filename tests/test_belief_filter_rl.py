@@ -341,3 +341,26 @@ def test_ppo_learns_beyond_the_initial_uniform_policy(tmp_path):
     metrics = {r["metric"]: r["value"] for r in evaluate_arm(cfg, "alf", 0, tmp_path / "alf.pt")}
     assert curve[0]["value"] < -0.3
     assert metrics["final_return"] > 0.0
+
+
+def test_gae_limits_are_td_error_and_discounted_return():
+    """λ = 0: one-step TD errors; λ = 1: discounted return-to-go minus V (V = 0 past the end)."""
+    from icml.methods.belief_filter.ppo import gae
+
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([5, 2, 7])
+    horizon, gamma = 7, 0.9
+    mask = torch.arange(horizon)[:, None] < lengths[None, :]
+    reward = torch.randn(horizon, 3, generator=gen, dtype=torch.float64) * mask
+    value = torch.randn(horizon, 3, generator=gen, dtype=torch.float64) * mask
+    next_value = torch.cat([value[1:], torch.zeros(1, 3, dtype=torch.float64)]) * \
+        torch.cat([mask[1:], torch.zeros(1, 3, dtype=torch.bool)])
+    td0, _ = gae(reward, value, mask, gamma, 0.0)
+    torch.testing.assert_close(td0, (reward + gamma * next_value - value) * mask, rtol=0, atol=1e-12)
+    td1, returns = gae(reward, value, mask, gamma, 1.0)
+    for n, length in enumerate(lengths.tolist()):
+        for k in range(length):
+            to_go = sum(gamma ** (j - k) * reward[j, n].item() for j in range(k, length))
+            assert td1[k, n].item() == pytest.approx(to_go - value[k, n].item(), abs=1e-12)
+            assert returns[k, n].item() == pytest.approx(to_go, abs=1e-12)
+    assert (td1[~mask] == 0).all()
