@@ -45,6 +45,8 @@ def test_train_eval_report_json(icml, toy, tmp_path):
     assert doc["run_dir"] == str(run) and doc["phase"] == "eval" and doc["status"] == "completed"
     assert set(doc["metrics"]["mse"]) == {"sgd", "momentum"}
 
+    predictions = pq.read_table(run / "predictions.parquet").to_pandas()
+    assert len(predictions) == 2 * 64 and set(predictions["variant"]) == {"sgd", "momentum"}
     frame = pq.read_table(run / "metrics.parquet").to_pandas()
     assert list(frame.columns[:9]) == ["run_id", "method", "phase", "step", "split", "variant", "metric",
                                        "value", "seed"]
@@ -150,3 +152,21 @@ def test_ctrl_c_marks_interrupted_and_resume_matches_uninterrupted(tmp_path):
     finished = pq.read_table(run / "metrics.parquet").to_pandas()
     assert finished["step"].tolist() == list(range(1, 61))
     assert finished["value"].tolist() == reference["value"].tolist()
+
+
+def test_progress_bars_only_on_a_terminal_and_never_when_quiet(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from icml.cli import console
+
+    for is_terminal, quiet, expect_bar in ((True, False, True), (False, False, False), (True, True, False)):
+        buffer = io.StringIO()
+        monkeypatch.setattr(console, "err", Console(file=buffer, force_terminal=is_terminal, width=80))
+        console.set_quiet(quiet)
+        with console.progress("looping", total=3) as advance:
+            for _ in range(3):
+                advance(1)
+        assert ("looping" in buffer.getvalue()) == expect_bar
+    console.set_quiet(False)
