@@ -169,8 +169,18 @@ def apply_overrides(cfg: Any, assignments: list[str]) -> Any:
             _, _, tp = _locate(cfg, key)
         except KeyError:
             raise _unknown_key(cfg, key, "--set") from None
-        set_value(cfg, key, _parse_text(text, tp), "--set")
+        value = _parse_text(text, tp)
+        if not isinstance(value, str) and value is not None and _accepts_str(tp):
+            try:
+                _coerce(value, tp, key)
+            except ValueError:
+                value = text.strip()  # e.g. a name field set to `1e3`: keep the text as written
+        set_value(cfg, key, value, "--set")
     return cfg
+
+
+def _accepts_str(tp: Any) -> bool:
+    return tp is str or str in typing.get_args(tp)
 
 
 def apply_tree(cfg: Any, tree: dict, source: str, prefix: str = "") -> Any:

@@ -123,6 +123,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def input_overrides(method: Method, inputs: dict[str, Path]) -> list[str]:
+    """--data FILE / --model DIR become `data=` / `model=` config keys of methods that have them."""
+    keys = config_io.valid_keys(method.config)
+    assignments = []
+    for key, path in inputs.items():
+        if key not in keys:
+            raise UsageError(f"{method.name} takes no --{key}",
+                             f"see 'icml {method.name} train --help' and its README for its inputs")
+        if not path.exists():
+            raise UsageError(f"--{key} '{path}' does not exist", "check the path")
+        assignments.append(f"{key}={path.resolve()}")
+    return assignments
+
+
 def resolve_config(method: Method, preset: str | None, seed: int | None, config_file: Path | None,
                    overrides: list[str]) -> tuple[Any, str, int]:
     tree, defaults = ({}, {})
@@ -179,11 +193,13 @@ def _execute(ctx: RunContext, hook: Callable[[RunContext], None]) -> None:
 
 
 def train(method: Method, store: RunStore, *, preset: str | None, seed: int | None, device: str,
-          config_file: Path | None, overrides: list[str], resume: Path | None) -> Run:
+          config_file: Path | None, overrides: list[str], resume: Path | None,
+          inputs: dict[str, Path] | None = None) -> Run:
+    inputs = inputs or {}
     if resume is not None:
-        if overrides or config_file is not None or preset is not None or seed is not None:
+        if overrides or inputs or config_file is not None or preset is not None or seed is not None:
             raise UsageError("--resume continues a run with its own config, preset and seed",
-                             "drop --set/--config/--preset/--seed, or start a new run")
+                             "drop --set/--config/--preset/--seed/--data/--model, or start a new run")
         run = store.open(resume, method.name)
         cfg, preset, seed = config_from_run(method, run)
         if run.phase_status("train") == "completed":
@@ -191,12 +207,13 @@ def train(method: Method, store: RunStore, *, preset: str | None, seed: int | No
             return run
         resumed = True
     else:
+        overrides = input_overrides(method, inputs) + overrides
         cfg, preset, seed = resolve_config(method, preset, seed, config_file, overrides)
         resumed = False
     device = resolve_device(device)
+    pipeline = method.part("pipeline")  # before creating the run: a broken install leaves no husk
     if not resumed:
         run = store.create(method.name, preset, seed, device, config_io.to_dict(cfg))
-    pipeline = method.part("pipeline")
     console.say(f"{method.name} train · preset {preset} · seed {seed} · {device} → {run.path}")
     ctx = RunContext(method, run, cfg, seed, device, preset, "train", resumed=resumed)
     _execute(ctx, pipeline.train)

@@ -8,8 +8,8 @@ from icml.cli import console
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
 from icml.cli.method import Method
-from icml.cli.options import (ConfigFile, Debug, Device, Format, Json, Out, Preset, Quiet, Resume,
-                              RunDir, RunDirs, RunsDir, Seed, Set)
+from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, Json, ModelDir, Out, Preset, Quiet,
+                              Resume, RunDir, RunDirs, RunsDir, Seed, Set)
 
 
 def _summary(method: Method, run, phase: str, as_json: bool) -> None:
@@ -35,13 +35,14 @@ def method_app(method: Method) -> typer.Typer:
     @app.command("train")
     @guarded
     def train(preset: Preset = None, seed: Seed = None, device: Device = "auto", runs_dir: RunsDir = None,
-              set_: Set = None, config: ConfigFile = None, resume: Resume = None, json_: Json = False,
-              quiet: Quiet = False, debug: Debug = False):
+              set_: Set = None, config: ConfigFile = None, data: DataFile = None, model: ModelDir = None,
+              resume: Resume = None, json_: Json = False, quiet: Quiet = False, debug: Debug = False):
         """Train: create a run directory and fill its checkpoints and train metrics."""
         from icml.cli import lifecycle
 
+        inputs = {key: path for key, path in (("data", data), ("model", model)) if path is not None}
         run = lifecycle.train(method, store(runs_dir), preset=preset, seed=seed, device=device,
-                              config_file=config, overrides=list(set_ or []), resume=resume)
+                              config_file=config, overrides=list(set_ or []), resume=resume, inputs=inputs)
         _summary(method, run, "train", json_)
 
     @app.command("eval")

@@ -28,6 +28,11 @@ ConfigFile = Annotated[Optional[Path], typer.Option(
     "--config", help="JSON config (a run's config.json reproduces that run).", show_default=False)]
 Resume = Annotated[Optional[Path], typer.Option(
     "--resume", help="Continue an interrupted run directory from its last checkpoint.", show_default=False)]
+DataFile = Annotated[Optional[Path], typer.Option(
+    "--data", help="Your own data file (methods with a `data` config key).", show_default=False)]
+ModelDir = Annotated[Optional[Path], typer.Option(
+    "--model", help="A local checkpoint directory, loaded with from_pretrained (methods with a `model` key).",
+    show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or human output on stderr.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]

@@ -41,6 +41,8 @@ def trained(icml, toy, tmp_path):
     (["toy", "train", "--set", "lr=[1,2]"], 2, ["for 'lr'", "expected a number"]),
     (["toy", "train", "--device", "cuda"], 2, ["no CUDA device", "--device cpu"]),
     (["toy", "train", "--wat"], 2, ["No such option: --wat", "icml toy train --help"]),
+    (["toy", "train", "--model", "."], 2, ["toy takes no --model"]),
+    (["toy", "train", "--data", "no/such.txt"], 2, ["--data 'no/such.txt' does not exist"]),
     (["toy", "eval"], 2, ["no run of toy with a completed train", "icml toy train"]),
     (["toy", "eval", "does/not/exist"], 2, ["does not exist", "icml runs"]),
     (["report"], 2, ["report needs run directories"]),

@@ -61,6 +61,14 @@ def test_train_eval_report_json(icml, toy, tmp_path):
         assert (run / "report" / name).exists()
 
 
+def test_data_option_sets_the_data_key(icml, toy, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello")
+    with_data = icml("toy", "train", "--preset", "smoke", "--data", corpus, "--json").json()
+    recorded = json.loads((Path(with_data["run_dir"]) / "config.json").read_text())["config"]["data"]
+    assert recorded == str(corpus.resolve())
+
+
 def test_report_formats(icml, toy, tmp_path):
     assert icml("toy", "train", "--preset", "smoke").code == 0
     assert icml("toy", "eval").code == 0

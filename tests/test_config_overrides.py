@@ -20,6 +20,8 @@ def test_types_are_parsed_from_the_field_annotations():
     assert cfg.hmm.path == "x.json" and cfg.ppo.lr == 1e-3
     config_io.apply_overrides(cfg, ["hmm.path=none", "e3.inv_eps_grid=30,60"])
     assert cfg.hmm.path is None and cfg.e3.inv_eps_grid == [30.0, 60.0]
+    config_io.apply_overrides(cfg, ["hmm.path=1e3", "env.slip=true"])  # text that parses as JSON
+    assert cfg.hmm.path == "1e3" and cfg.env.slip == "true"
 
 
 @pytest.mark.parametrize("assignment, message", [

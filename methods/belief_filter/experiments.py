@@ -234,7 +234,7 @@ def _decoding_errors(P: torch.Tensor, E: torch.Tensor, pi0: torch.Tensor, eps: t
     All filters start at logits 0.  Returns, per filter, the number of trajectories
     (of n_traj, per ε) whose argmax at step `horizon` (ties random) misses the true
     state: "exact" for the Bayes/LOF filter, the names of `alf_deltas` for ALFs with
-    the true permutations, and "wrong_action" for an ALF that applies a uniformly drawn
+    the true permutations, and "alf_wrong_action" for an ALF that applies a uniformly drawn
     different action's permutation (with δ = wrong_action_delta).
     """
     n_actions, n = P.shape[0], P.shape[-1]
@@ -286,7 +286,7 @@ def _decoding_errors(P: torch.Tensor, E: torch.Tensor, pi0: torch.Tensor, eps: t
     for i, name in enumerate(alf_names):
         errors[name] = n_errors(decoded[i])
     if wrong_action_delta is not None:
-        errors["wrong_action"] = n_errors(alf_wrong.decode(gen)[0])
+        errors["alf_wrong_action"] = n_errors(alf_wrong.decode(gen)[0])
     return errors
 
 
@@ -304,6 +304,17 @@ def _decoding_rows(experiment: str, variant: str, errors: np.ndarray, eps: np.nd
                               ("decode_error_ci_high", high[i]),
                               ("error_over_eps_log", rate[i] / (e * math.log(1 / e)))):
             rows.append(dict(row_tags, metric=metric, value=float(value)))
+    return rows
+
+
+def _schedule_rows(experiment: str, exact_variant: str, errors: dict, deltas: dict,
+                   eps: torch.Tensor, cfg, base: HMM) -> list[dict]:
+    """Rows of the exact filter (errors["exact"]) and of every δ schedule (errors[name])."""
+    eps_np = eps.numpy()
+    tags = dict(horizon=cfg.horizon, n_states=base.n_states, n_obs=base.n_obs)
+    rows = _decoding_rows(experiment, exact_variant, errors["exact"], eps_np, cfg.n_traj, None, tags)
+    for name, delta in deltas.items():
+        rows += _decoding_rows(experiment, name, errors[name], eps_np, cfg.n_traj, delta.numpy(), tags)
     return rows
 
 
@@ -349,11 +360,7 @@ def run_e2(cfg: E2Config, seed: int, hmm: HMM | None = None,
         errors = _decoding_errors(P, base.E, base.pi0, eps, noise, deltas, None,
                                   cfg.horizon, cfg.n_traj, gen, progress)
 
-    eps_np = eps.numpy()
-    tags = dict(horizon=cfg.horizon, n_states=base.n_states, n_obs=base.n_obs)
-    rows = _decoding_rows("e2", "lof", errors["exact"], eps_np, cfg.n_traj, None, tags)
-    for name, delta in deltas.items():
-        rows += _decoding_rows("e2", name, errors[name], eps_np, cfg.n_traj, delta.numpy(), tags)
+    rows = _schedule_rows("e2", "lof", errors, deltas, eps, cfg, base)
     rows.append(dict(experiment="e2", variant="alf_lambda_log", metric="xi",
                      value=separation_exponent(P[0], base.E),
                      n_states=base.n_states, n_obs=base.n_obs))
@@ -386,14 +393,7 @@ def run_e3(cfg: E3Config, seed: int, hmm: HMM | None = None,
         errors = _decoding_errors(base.T, base.E, base.pi0, eps, "uniform", deltas, wrong_delta,
                                   cfg.horizon, cfg.n_traj, gen, progress)
 
-    eps_np = eps.numpy()
-    tags = dict(horizon=cfg.horizon, n_states=base.n_states, n_obs=base.n_obs)
-    rows = _decoding_rows("e3", "bayes", errors["exact"], eps_np, cfg.n_traj, None, tags)
-    for name, delta in deltas.items():
-        rows += _decoding_rows("e3", name, errors[name], eps_np, cfg.n_traj, delta.numpy(), tags)
-    rows += _decoding_rows("e3", "alf_wrong_action", errors["wrong_action"], eps_np,
-                           cfg.n_traj, wrong_delta.numpy(), tags)
-    return rows
+    return _schedule_rows("e3", "bayes", errors, {**deltas, "alf_wrong_action": wrong_delta}, eps, cfg, base)
 
 
 def experiments_for(hmm: HMM | None) -> list[str]:

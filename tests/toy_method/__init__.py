@@ -13,6 +13,7 @@ class ToyConfig:
     checkpoint_every: int = 5
     sleep: float = 0.0  # seconds per step, to make a run slow enough to interrupt
     variants: list[str] = field(default_factory=lambda: ["sgd", "momentum"])
+    data: str | None = None  # set by --data; the toy only records it
 
 
 def preset(name: str) -> ToyConfig:
