@@ -4,6 +4,8 @@ same run, written to Parquet (not part of `make test`; timings never gate the te
 - startup: `icml --help` against a bare `python -c pass` (goal: help stays light, no torch).
 - smoke/<method>: train + eval + report at `--preset smoke`, against `python -c "import torch"`
   (the floor any torch method pays) and against the 60 s smoke budget.
+- psi_half/<rows>x<cols>: spectral-optim's SVD-free Ψ_½ against torch.linalg.svd of the same matrix
+  (ratio < 1: Ψ_½ is faster), one thread, median of 9 calls after warm-up.
 """
 from __future__ import annotations
 
@@ -32,6 +34,37 @@ def median_time(argv: list[str], repeats: int) -> float:
     return statistics.median(timed(argv) for _ in range(repeats))
 
 
+def psi_half_vs_svd(sizes=((64, 64), (128, 512), (256, 256), (512, 512)), repeats: int = 9) -> list[dict]:
+    import torch
+
+    from icml.cli.threads import single_thread
+    from icml.methods.spectral_optim.psi import conditioned_matrix, psi
+
+    def svd_half(O):  # the same transform by a float32 SVD, as an optimizer would call it
+        u, sigma, vh = torch.linalg.svd(O, full_matrices=False)
+        return (u * sigma.sqrt().unsqueeze(-2)) @ vh
+
+    def median_ms(fn) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - start))
+        return statistics.median(times)
+
+    out = []
+    with single_thread():
+        for rows, cols in sizes:
+            O = conditioned_matrix(rows, cols, 30.0, torch.Generator().manual_seed(0))
+            newton = median_ms(lambda: psi(O, 0.5))
+            svd = median_ms(lambda: svd_half(O))
+            out.append({"bench": f"psi_half/{rows}x{cols}", "seconds": newton / 1000,
+                        "baseline": "torch.linalg.svd (Ψ_½ = U Σ^½ Vᵀ)", "baseline_seconds": svd / 1000,
+                        "ratio": newton / svd})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.parquet"))
@@ -57,6 +90,8 @@ def main() -> None:
                      "baseline_seconds": torch_floor, "ratio": seconds / torch_floor})
         rows.append({"bench": f"smoke/{method}", "seconds": seconds, "baseline": "smoke budget 60 s",
                      "baseline_seconds": 60.0, "ratio": seconds / 60.0})
+
+    rows += psi_half_vs_svd()
 
     frame = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)

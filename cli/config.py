@@ -107,13 +107,14 @@ def _parse_text(text: str, tp: Any) -> Any:
         return True
     if lowered in ("false", "no", "off"):
         return False
-    try:
-        return json.loads(stripped)
-    except json.JSONDecodeError:
-        pass
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     is_list = origin is list or any(typing.get_origin(a) is list for a in args)
+    try:
+        value = json.loads(stripped)
+        return [value] if is_list and not isinstance(value, list) else value  # `--set grid=1`
+    except json.JSONDecodeError:
+        pass
     if is_list:
         if stripped in ("", "[]"):
             return []

@@ -55,6 +55,37 @@ def toy(monkeypatch):
     return "toy"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_intra_op_thread():
+    """Tests work on small tensors: a second intra-op thread only adds synchronisation latency,
+    and on a busy 2-core machine it stalls every op (pipelines set the same themselves)."""
+    from icml.cli.threads import single_thread
+
+    with single_thread():
+        yield
+
+
+def train_and_eval(icml, method: str, *argv: str) -> Path:
+    """`icml METHOD train ARGV --json` then `eval` of that run, in-process; returns the run dir."""
+    result = icml(method, "train", *argv, "--json")
+    assert result.code == 0, result.err
+    run = Path(result.json()["run_dir"])
+    result = icml(method, "eval", run, "--json")
+    assert result.code == 0, result.err
+    return run
+
+
+def train_eval_report(method: str, runs: Path, train_argv: list[str]) -> Path:
+    """train, eval and an HTML report (runs/r.html) through the installed CLI in subprocesses;
+    returns the single run directory."""
+    for argv in (["train", *train_argv], ["eval"], ["report", "--format", "html", "--out", str(runs / "r.html")]):
+        done = subprocess.run([sys.executable, "-m", "icml.cli.main", method, *argv, "--runs-dir", str(runs)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    (run,) = (runs / method).iterdir()
+    return run
+
+
 def run_cli(argv: list[str], env: dict | None = None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """The installed CLI in a subprocess (for start-up and signal tests)."""
     return subprocess.run([sys.executable, "-m", "icml.cli.main", *argv], capture_output=True, text=True,

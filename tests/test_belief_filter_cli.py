@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import train_and_eval, train_eval_report
 from icml.methods.belief_filter.config import ARMS
 
 TINY = ["--preset", "smoke", "--set", "ppo.total_steps=600", "--set", "ppo.eval_episodes=40",
@@ -24,28 +25,13 @@ DECODING = {"decode_error", "decode_error_ci_low", "decode_error_ci_high", "erro
 
 
 def train_eval(icml, *extra: str) -> Path:
-    result = icml("belief-filter", "train", *TINY, *extra, "--json")
-    assert result.code == 0, result.err
-    run = Path(result.json()["run_dir"])
-    result = icml("belief-filter", "eval", run, "--json")
-    assert result.code == 0, result.err
-    return run
+    return train_and_eval(icml, "belief-filter", *TINY, *extra)
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One tiny run shared by the tests that only read it."""
-    import subprocess
-    import sys
-
-    runs = tmp_path_factory.mktemp("runs")
-    for argv in (["train", *TINY, "--seed", "7"], ["eval"], ["report", "--format", "html", "--out",
-                                                                 str(runs / "r.html")]):
-        done = subprocess.run([sys.executable, "-m", "icml.cli.main", "belief-filter", *argv, "--runs-dir",
-                               str(runs)], capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-    (run,) = (runs / "belief-filter").iterdir()
-    return run
+    return train_eval_report("belief-filter", tmp_path_factory.mktemp("runs"), [*TINY, "--seed", "7"])
 
 
 def test_every_spec_variant_and_metric_is_recorded(tiny_run):

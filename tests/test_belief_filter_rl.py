@@ -16,15 +16,6 @@ from icml.methods.belief_filter.ringworld import (
     ACTION_SHIFTS, N_ACTIONS, NO_ACTION, RingWorld, build_model, label_to_index)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The networks are tiny: intra-op threads only add synchronisation (and the
-    bit-identity checks compare runs made under the same thread count)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def small_config(arms=None, total_steps=1500):
     cfg = preset("smoke")

@@ -22,6 +22,8 @@ def test_types_are_parsed_from_the_field_annotations():
     assert cfg.hmm.path is None and cfg.e3.inv_eps_grid == [30.0, 60.0]
     config_io.apply_overrides(cfg, ["hmm.path=1e3", "env.slip=true"])  # text that parses as JSON
     assert cfg.hmm.path == "1e3" and cfg.env.slip == "true"
+    config_io.apply_overrides(cfg, ["e2.inv_eps_grid=40", "arms=gru"])  # one value for a list key
+    assert cfg.e2.inv_eps_grid == [40.0] and cfg.arms == ["gru"]
 
 
 @pytest.mark.parametrize("assignment, message", [
