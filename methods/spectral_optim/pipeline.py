@@ -32,6 +32,10 @@ def _save(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
+# The grid of this process: the parent's, or one a worker rebuilt for its first job.
+_worker_grid = None
+
+
 def _train_job(cfg, seed: int, variant: str, multiplier: float, device: str, path: Path) -> tuple[list, dict]:
     """One grid run, in this process or a worker: train, save its checkpoint, return rows + summary.
 
@@ -48,9 +52,6 @@ def _train_job(cfg, seed: int, variant: str, multiplier: float, device: str, pat
         rows, state = train_one(cfg, variant, multiplier, _worker_grid.model_init, _worker_grid.batches, device)
     _save({"variant": variant, "lr_multiplier": multiplier, **state}, path)
     return rows, {k: state[k] for k in ("final_val_loss", "diverged", "step_ms")}
-
-
-_worker_grid = None
 
 
 def train(ctx: RunContext) -> None:
