@@ -6,6 +6,7 @@ import pandas as pd
 
 from icml.methods.belief_filter import METHOD
 from icml.methods.belief_filter.config import ARMS
+from icml.reports.plots import new_axes
 from icml.reports.tables import Table, default_headline, fmt, metric_table
 
 E1_VARIANTS = ["lof_linear", "lof_linear_actions", "lof_linear_init_corrected", "lof_linear_stochastic"]
@@ -95,9 +96,7 @@ def headline(frame: pd.DataFrame) -> dict:
 
 # plots -----------------------------------------------------------------------------------------
 def _error_plot(rows: pd.DataFrame, variants: list[str], title: str, reference: bool):
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    figure, axis = new_axes(title, "1/ε", "decode error at step k", xlog=True, ylog=True, size=(6.4, 4.2))
     for variant in [v for v in variants if v in set(rows["variant"])]:
         r = rows[rows["variant"] == variant].pivot_table(index="inv_eps", columns="metric", values="value")
         line, = axis.plot(r.index, r["decode_error"], marker="o", ms=3, label=LABELS.get(variant, variant))
@@ -107,35 +106,24 @@ def _error_plot(rows: pd.DataFrame, variants: list[str], title: str, reference: 
     if reference:
         inv = np.linspace(rows["inv_eps"].min(), rows["inv_eps"].max(), 100)
         axis.plot(inv, np.log(inv) / inv, "k--", lw=1, label="ε log(1/ε)")
-    axis.set_xscale("log")
-    axis.set_yscale("log")
-    axis.set_xlabel("1/ε")
-    axis.set_ylabel("decode error at step k")
-    axis.set_title(title)
     axis.legend(fontsize=7)
     return figure
 
 
 def _ratio_plot(rows: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    figure, axis = new_axes("E2 — error relative to the ε log(1/ε) rate",
+                            "1/ε", "decode error / (ε log(1/ε))", xlog=True)
     ratio = rows[rows["metric"] == "error_over_eps_log"]
     for variant in [v for v in E2_VARIANTS if v in set(ratio["variant"]) and v not in ("alf_zero", "alf_eps_sq")]:
         r = ratio[ratio["variant"] == variant].sort_values("inv_eps")
         axis.plot(r["inv_eps"], r["value"], marker="o", ms=3, label=LABELS.get(variant, variant))
-    axis.set_xscale("log")
-    axis.set_xlabel("1/ε")
-    axis.set_ylabel("decode error / (ε log(1/ε))")
-    axis.set_title("E2 — error relative to the ε log(1/ε) rate")
     axis.legend(fontsize=7)
     return figure
 
 
 def _learning_curves(train: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    figure, axis = new_axes("E4 — learning curves (mean ± sd over seeds)",
+                            "environment steps", "episode return", size=(6.4, 4.2))
     curves = train[train["metric"] == "episode_return"]
     grid = np.linspace(0, curves["step"].max(), 100)
     for arm in [a for a in ARMS if a in set(curves["variant"])]:
@@ -145,9 +133,6 @@ def _learning_curves(train: pd.DataFrame):
         mean, sd = stack.mean(0), stack.std(0)
         line, = axis.plot(grid, mean, label=arm)
         axis.fill_between(grid, mean - sd, mean + sd, color=line.get_color(), alpha=0.15)
-    axis.set_xlabel("environment steps")
-    axis.set_ylabel("episode return")
-    axis.set_title("E4 — learning curves (mean ± sd over seeds)")
     axis.legend(fontsize=7)
     return figure
 

@@ -6,6 +6,7 @@ import pandas as pd
 
 from icml.methods.spectral_optim import METHOD
 from icml.methods.spectral_optim.config import ABLATIONS, VARIANTS
+from icml.reports.plots import new_axes
 from icml.reports.tables import Table, default_headline, fmt
 
 ORDER = VARIANTS + ABLATIONS
@@ -86,7 +87,8 @@ def _by_kappa(rows: pd.DataFrame, index: list[str], aggfunc="first") -> pd.DataF
     wide.columns = [f"κ={k:g}" for k in wide.columns]
     wide = wide.reset_index()
     if "p" in wide.columns:
-        wide = wide.sort_values(["p"] + [c for c in index if c != "p"], ascending=[False] + [True] * (len(index) - 1))
+        others = [c for c in index if c != "p"]
+        wide = wide.sort_values(["p"] + others, ascending=[False] + [True] * len(others))
         wide["p"] = wide["p"].map(lambda p: f"{p:g}")
     return wide.reset_index(drop=True)
 
@@ -99,7 +101,8 @@ def _psi_tables(frame: pd.DataFrame) -> list[Table]:
         wide = _by_kappa(error, ["p", "damping", "shape"])
         tables.append(Table("Ψ_p relative error against a float64 SVD", wide,
                             {c: "lower" for c in wide.columns if c.startswith("κ=")},
-                            "‖Ψ̂_p(O) − Ψ_p(O)‖_F / ‖Ψ_p(O)‖_F; damping bounds the accuracy as κ grows"))
+                            "‖Ψ̂_p(O) − Ψ_p(O)‖_F / ‖Ψ_p(O)‖_F; "
+                            "damping bounds the accuracy as κ grows"))
     exponent = rows[rows["metric"] == "psi_cond_exponent"]
     if not exponent.empty:
         tables.append(Table("Condition exponent log κ(Ψ̂_p(O)) / log κ(O) (ideal: p)",
@@ -164,47 +167,35 @@ def _lr_sweep(frame: pd.DataFrame):
 
 
 def _best_curves(frame: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
     rows = _eval(frame)
     best = rows[rows["metric"] == "best_val_loss"][["variant", "lr"]]
     train = frame[(frame["phase"] == "train") & (frame["metric"] == "train_loss")]
-    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    figure, axis = new_axes("Training curves at each variant's best LR", "step", "train_loss")
     for variant, lr in _ordered(best).itertuples(index=False):
         curve = train[(train["variant"] == variant) & np.isclose(train["lr"], lr)].sort_values("step")
         axis.plot(curve["step"], curve["value"], label=f"{variant} (LR {fmt(lr, 2)})")
-    axis.set_xlabel("step")
-    axis.set_ylabel("train_loss")
-    axis.set_title("Training curves at each variant's best LR")
     axis.legend(fontsize=7)
     return figure
 
 
 def _psi_error(frame: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
     rows = _eval(frame)
     err = rows[(rows["metric"] == "psi_rel_error") & rows["p"].isin([0.5, 0.25])]
-    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    figure, axis = new_axes("Ψ_p accuracy: the damping bounds it as κ grows",
+                            "κ(O)", "relative error vs SVD", xlog=True, ylog=True)
     for (p, damping), group in err.groupby(["p", "damping"]):
         mean = group.groupby("kappa")["value"].max()
         axis.plot(mean.index, mean.values, marker="o", ls="-" if damping == "on" else "--",
                   label=f"p={p:g}, damping {damping} (worst shape)")
-    axis.set_xscale("log")
-    axis.set_yscale("log")
-    axis.set_xlabel("κ(O)")
-    axis.set_ylabel("relative error vs SVD")
-    axis.set_title("Ψ_p accuracy: the damping bounds it as κ grows")
     axis.legend(fontsize=7)
     return figure
 
 
 def _psi_speed(frame: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
     rows = _eval(frame)
     speed = rows[rows["metric"].isin(["psi_ms", "svd_ms"])]
-    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    figure, axis = new_axes("Time vs size on this machine",
+                            "matrix entries (rows × cols)", "ms per call", xlog=True, ylog=True)
     size = speed["rows"] * speed["cols"]  # entries
     for (metric, p), group in speed.assign(size=size).groupby(["metric", "p"]):
         if metric == "svd_ms" and p != speed["p"].max():
@@ -212,31 +203,21 @@ def _psi_speed(frame: pd.DataFrame):
         curve = group.groupby("size")["value"].median()
         label = "torch.linalg.svd" if metric == "svd_ms" else f"Ψ_{p:g} (matmul-only)"
         axis.plot(curve.index, curve.values, marker="o", label=label, ls="--" if metric == "svd_ms" else "-")
-    axis.set_xscale("log")
-    axis.set_yscale("log")
-    axis.set_xlabel("matrix entries (rows × cols)")
-    axis.set_ylabel("ms per call")
-    axis.set_title("Time vs size on this machine")
     axis.legend(fontsize=7)
     return figure
 
 
 def _ns_band(frame: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
     rows = _eval(frame)
     band = rows[rows["metric"].isin(["psi_sv_min", "psi_sv_max"])]
-    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    figure, axis = new_axes("Quintic Newton–Schulz: a band around 1, not exact orthogonality",
+                            "κ(O)", "singular values of Ψ̂₀(O)", xlog=True)
     for shape_name, group in band.assign(shape=_shape(band)).groupby("shape"):
         low = group[group["metric"] == "psi_sv_min"].set_index("kappa")["value"].sort_index()
         high = group[group["metric"] == "psi_sv_max"].set_index("kappa")["value"].sort_index()
         line, = axis.plot(low.index, low.values, marker="v", label=f"{shape_name} min")
         axis.plot(high.index, high.values, marker="^", color=line.get_color(), label=f"{shape_name} max")
     axis.axhline(1.0, color="k", lw=0.8)
-    axis.set_xscale("log")
-    axis.set_xlabel("κ(O)")
-    axis.set_ylabel("singular values of Ψ̂₀(O)")
-    axis.set_title("Quintic Newton–Schulz: a band around 1, not exact orthogonality")
     axis.legend(fontsize=6, ncol=2)
     return figure
 
