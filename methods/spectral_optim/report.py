@@ -184,8 +184,8 @@ def _psi_error(frame: pd.DataFrame):
     figure, axis = new_axes("Ψ_p accuracy: the damping bounds it as κ grows",
                             "κ(O)", "relative error vs SVD", xlog=True, ylog=True)
     for (p, damping), group in err.groupby(["p", "damping"]):
-        mean = group.groupby("kappa")["value"].max()
-        axis.plot(mean.index, mean.values, marker="o", ls="-" if damping == "on" else "--",
+        worst = group.groupby("kappa")["value"].max()  # over shapes
+        axis.plot(worst.index, worst.values, marker="o", ls="-" if damping == "on" else "--",
                   label=f"p={p:g}, damping {damping} (worst shape)")
     axis.legend(fontsize=7)
     return figure
