@@ -12,6 +12,7 @@ from .method import Method
 
 METHODS: dict[str, str] = {
     "belief-filter": "icml.methods.belief_filter",
+    "fgad": "icml.methods.fgad",
     "spectral-optim": "icml.methods.spectral_optim",
 }
 

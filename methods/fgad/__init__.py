@@ -1,0 +1,27 @@
+"""`icml fgad`: MV-FGAD federated graph anomaly detection (ICML 2026, OpenReview yBcY0bY45t).
+
+Stage 1 trains a small GCN with FedAvg (the only thing communicated); stage 2 lets every client
+repair its topology with the global embeddings and train a private three-view detector scored by
+fused pseudo-inverse Mahalanobis distances. Graph loaders and the SBM injector live in icml.data.graphs.
+"""
+from icml.cli.method import HIGHER, LOWER, Method
+from icml.methods.fgad.config import VARIANTS, FgadConfig, preset, validate
+
+METHOD = Method(
+    name="fgad",
+    package=__name__,
+    title="MV-FGAD: Towards Efficient and Effective Federated Graph Anomaly Detection via Multi-view Learning",
+    arxiv="none (OpenReview yBcY0bY45t)",
+    status="complete",
+    summary="Federated graph anomaly detection: FedAvg GCN + private three-view Mahalanobis detectors.",
+    config=FgadConfig,
+    preset=preset,
+    validate=validate,
+    tags={"K": "int64", "group": "string", "agg": "string", "partition": "string", "dataset": "string",
+          "inject_id": "string", "stage": "string", "client": "int64", "bin": "float64"},
+    metrics={"auroc": HIGHER, "ap": HIGHER, "recall_at_k": HIGHER, "val_auroc": HIGHER,
+             "comm_bytes_per_round": LOWER, "comm_bytes_total": LOWER, "params_shared": None,
+             "params_private": None, "wall_s": LOWER, "cut_edge_frac": None, "u_density": None, "loss": LOWER,
+             "client_auroc": None, "client_nodes": None, "moved_nodes": None, "score_density": None},
+    variants=tuple(VARIANTS),
+)

@@ -1,0 +1,384 @@
+"""The fgad lifecycle.
+
+train: builds the graph per seed (SBM + injection, or a user file), then runs every job of the grid
+  — one job is a model family (mvfgad, local_only, dominant) × K × seed × partition — in
+  `workers` single-threaded processes. A job saves its scores per variant, selection info, costs and
+  weights under checkpoints/jobs/; the mvfgad jobs also hold the global GCN, the views and U.
+  The training losses go to metrics.parquet; partition.parquet and injection.parquet are written.
+eval: turns every job's selected scores into the spec's metrics (per group, client-weighted and
+  pooled) and client_metrics.parquet. All model selection happened on validation AUROC in train.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from icml.cli.errors import IcmlError
+from icml.cli.lifecycle import RunContext
+
+VIEW_ABLATIONS = ("view_attr", "view_smooth", "view_signed", "euclidean")
+
+
+# graph ---------------------------------------------------------------------------------------------------
+def injection_params(cfg, seed: int):
+    from icml.data.graphs import InjectionParams
+
+    return InjectionParams(cfg.anomaly_fraction, cfg.m_strong, cfg.m_weak, cfg.p_drop_strong, cfg.p_drop_weak,
+                           cfg.k_strong, cfg.k_weak, seed)
+
+
+def dataset_name(cfg) -> str:
+    return "sbm" if cfg.data == "sbm" else Path(cfg.data).stem
+
+
+def build_graph(cfg, seed: int):
+    """(Data, injection rows, inject_id) for one seed; every random choice follows the seed."""
+    from icml.data.graphs import GraphFormatError, inject_into, load_graph, synthetic_graph
+
+    inject = cfg.inject if cfg.inject is not None else cfg.data == "sbm"
+    params = injection_params(cfg, seed) if inject else None
+    if cfg.data == "sbm":
+        if params is None:
+            raise IcmlError("data=sbm without injection has no anomalies", "drop --set inject=false")
+        data, rows = synthetic_graph(cfg.n_nodes, cfg.blocks, cfg.deg_in, cfg.deg_out, cfg.n_features,
+                                     cfg.feature_noise, cfg.theta_sigma, params)
+    else:
+        try:
+            data = load_graph(cfg.data, cfg.features)
+        except GraphFormatError as exc:
+            raise IcmlError(str(exc), "see `icml fgad` README for the accepted graph formats") from None
+        rows = []
+        if params is not None:
+            from icml.methods.fgad.partition import louvain_chunks
+
+            community = np.zeros(data.num_nodes, dtype=np.int64)
+            for i, members in enumerate(louvain_chunks(data.edge_index.numpy(), data.num_nodes, 1, seed)):
+                community[members] = i
+            data, rows = inject_into(data, params, community)
+    return data, rows, (params.inject_id() if params else "none")
+
+
+# jobs ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobSpec:
+    kind: str  # mvfgad | local_only | dominant
+    K: int
+    seed: int
+    partition: str = "louvain"
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}_{self.partition}_K{self.K}_s{self.seed}"
+
+    @property
+    def variant(self) -> str:
+        """The name of the job's main scores (the fused rule for mvfgad-family jobs)."""
+        if self.partition != "louvain":
+            return f"partition_{self.partition}"
+        return {"dominant": "fedavg_dominant"}.get(self.kind, self.kind)
+
+
+def metis_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pymetis") is not None
+
+
+def job_grid(cfg) -> list[JobSpec]:
+    """The jobs the selected variants need; central_* are the K=1 jobs, ablations run at
+    (ablation_K, ablation_seeds), view/Euclidean ablations read the mvfgad jobs."""
+    wanted = set(cfg.variants)
+    jobs: list[JobSpec] = []
+
+    def add(spec):
+        if spec not in jobs:
+            jobs.append(spec)
+
+    for seed in cfg.seeds:
+        for k in cfg.K:
+            if wanted & {"mvfgad", "fedavg_gcn"}:
+                add(JobSpec("mvfgad", k, seed))
+            if "local_only" in wanted:
+                add(JobSpec("local_only", k, seed))
+            if "fedavg_dominant" in wanted:
+                add(JobSpec("dominant", k, seed))
+        if "central_mvfgad" in wanted:
+            add(JobSpec("mvfgad", 1, seed))
+        if "central_dominant" in wanted:
+            add(JobSpec("dominant", 1, seed))
+    for seed in cfg.ablation_seeds:
+        if wanted & set(VIEW_ABLATIONS):
+            add(JobSpec("mvfgad", cfg.ablation_K, seed))
+        if "partition_random" in wanted:
+            add(JobSpec("mvfgad", cfg.ablation_K, seed, "random"))
+        if "partition_metis" in wanted and metis_available():
+            add(JobSpec("mvfgad", cfg.ablation_K, seed, "metis"))
+    return jobs
+
+
+_worker_graphs: dict = {}  # seed -> graph, per process
+
+
+def run_job(cfg, spec: JobSpec):
+    """One job, in this process or a worker; deterministic in (cfg, spec)."""
+    import torch
+
+    from icml.cli.threads import single_thread
+    from icml.methods.fgad.algorithm import JobResult, run_dominant, run_mvfgad
+    from icml.methods.fgad.partition import build_clients, ensure_anomaly_per_split, partition, split_nodes
+
+    if spec.seed not in _worker_graphs:
+        _worker_graphs[spec.seed] = build_graph(cfg, spec.seed)[0]
+    data = _worker_graphs[spec.seed]
+    n = data.num_nodes
+    y = data.y.numpy()
+    client = partition(spec.partition, data.edge_index.numpy(), n, spec.K, spec.seed)
+    split = split_nodes(client, cfg.split, spec.seed)
+    client, moves = ensure_anomaly_per_split(client, split, y, spec.K, np.random.default_rng(spec.seed))
+    with single_thread():
+        torch.manual_seed(spec.seed)
+        clients, cut = build_clients(data, client, split)
+        job = JobResult(spec.kind, spec.K, spec.seed, spec.partition, client, split, moves, y, data.group.numpy(),
+                        list(data.group_names), cut)
+        job.missing = [(c, s) for c in range(spec.K) for s in range(3)
+                       if not ((client == c) & (split == s) & (y > 0)).any()]
+        if spec.kind == "dominant":
+            run_dominant(job, clients, cfg)
+        else:
+            run_mvfgad(job, clients, cfg, spec.variant, local_only=spec.kind == "local_only")
+    return job
+
+
+def job_path(ctx: RunContext, spec: JobSpec) -> Path:
+    return ctx.checkpoints / "jobs" / f"{spec.key}.pt"
+
+
+def _save(obj, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _load(ctx: RunContext, spec: JobSpec):
+    import torch
+
+    path = job_path(ctx, spec)
+    if not path.exists():
+        raise IcmlError(f"job result {path} is missing",
+                        f"finish training: icml fgad train --resume {ctx.run.path}")
+    return torch.load(path, weights_only=False)
+
+
+# train -----------------------------------------------------------------------------------------------------
+def _loss_rows(spec: JobSpec, job, tags: dict) -> list[dict]:
+    return [{"variant": variant, "metric": "loss", "value": float(v), "step": step, "stage": stage, "seed": spec.seed,
+             "K": spec.K, **tags, "partition": spec.partition}
+            for (variant, stage), curve in job.losses.items() for step, v in enumerate(curve)]
+
+
+def train(ctx: RunContext) -> None:
+    import pandas as pd
+
+    cfg = ctx.config
+    graphs = {seed: build_graph(cfg, seed) for seed in sorted(set(cfg.seeds) | set(cfg.ablation_seeds))}
+    first = graphs[cfg.seeds[0]][0]
+    ctx.log(f"graph {dataset_name(cfg)}: {first.num_nodes} nodes, {first.edge_index.shape[1] // 2} edges, "
+            f"{int(first.y.sum())} anomalies; groups {first.group_names[1:]}")
+    if any(first.num_nodes / k > cfg.max_client_nodes for k in cfg.K):
+        ctx.log(f"warning: clients above {cfg.max_client_nodes} nodes; dense N_k×N_k matrices will be large")
+    if "partition_metis" in cfg.variants and not metis_available():
+        ctx.log("note: pymetis is not installed; the partition_metis ablation is skipped")
+    injections = []
+    for seed, (_, rows, inject_id) in graphs.items():
+        injections += [{**r, "seed": seed, "inject_id": inject_id} for r in rows]
+    ctx.run.update(injection={"enabled": bool(injections), "groups_per_seed": {
+        str(seed): {"inject_id": g[2], **(asdict(injection_params(cfg, seed)) if g[1] else {})}
+        for seed, g in graphs.items()}})
+    if injections:
+        ctx.write_table("injection", pd.DataFrame(injections))
+    _worker_graphs.update({seed: g[0] for seed, g in graphs.items()})
+
+    tags = {"dataset": dataset_name(cfg)}
+    jobs = job_grid(cfg)
+    todo = [spec for spec in jobs if not job_path(ctx, spec).exists()]  # --resume: a job is the unit
+
+    def done(spec: JobSpec, job):
+        _save(job, job_path(ctx, spec))
+        ctx.record(_loss_rows(spec, job, {**tags, "inject_id": graphs[spec.seed][2]}), split="train")
+        for c, s in job.missing:
+            ctx.log(f"warning: {spec.key}: client {c} has no anomaly in split {s} (too few anomalies to move)")
+        ctx.log(f"  {spec.key}: {len(job.moves)} anomaly move(s), cut edges {job.cut_edge_frac:.3f}, "
+                f"val AUROC {np.nanmean(job.val_auroc[spec.variant]):.3f}")
+
+    with ctx.progress("fgad jobs", len(jobs)) as advance:
+        advance(len(jobs) - len(todo))
+        if cfg.workers == 1 or len(todo) <= 1:
+            for spec in todo:
+                done(spec, run_job(cfg, spec))
+                advance(1)
+        else:
+            _run_in_workers(cfg, todo, done, advance)
+    _write_partitions(ctx, jobs)
+
+
+def _run_in_workers(cfg, jobs: list[JobSpec], done, advance) -> None:
+    """Jobs in spawned single-threaded processes, the most expensive (smallest K) first; results are
+    saved and recorded here, in the parent. Results do not depend on which worker ran what."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ordered = sorted(jobs, key=lambda s: (s.K, s.kind != "mvfgad"))
+    pool = ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        pending = {pool.submit(run_job, cfg, spec): spec for spec in ordered}
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done(pending.pop(future), future.result())
+                advance(1)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_partitions(ctx: RunContext, jobs: list[JobSpec]) -> None:
+    import pandas as pd
+
+    frames, seen = [], set()
+    for spec in jobs:
+        ident = (spec.K, spec.seed, spec.partition)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        job = _load(ctx, spec)
+        moved = np.zeros(len(job.client), dtype=bool)
+        moved[[m["node_id"] for m in job.moves]] = True
+        frames.append(pd.DataFrame({"node_id": np.arange(len(job.client)), "client": job.client,
+                                    "split": np.array(["train", "val", "test"])[job.split], "moved": moved,
+                                    "K": spec.K, "seed": spec.seed, "partition": spec.partition}))
+        if spec.kind == "mvfgad" and spec.partition == "louvain":  # the spec's checkpoint layout
+            folder = ctx.checkpoints / spec.key
+            _save(job.checkpoint.get("global_gcn"), folder / "global_gcn.pt")
+            _save(job.checkpoint.get("clients"), folder / "clients.pt")
+    ctx.write_table("partition", pd.concat(frames, ignore_index=True))
+
+
+# eval ------------------------------------------------------------------------------------------------------
+def recall_at_k(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Recall within the top-k scores, k = the number of true anomalies."""
+    k = int(labels.sum())
+    if k == 0:
+        return float("nan")
+    top = np.argsort(-scores, kind="stable")[:k]
+    return float(labels[top].sum() / k)
+
+
+def group_metrics(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import average_precision_score
+
+    from icml.methods.fgad.algorithm import auroc
+
+    if labels.sum() == 0 or labels.sum() == len(labels):
+        return {"auroc": float("nan"), "ap": float("nan"), "recall_at_k": float("nan")}
+    return {"auroc": auroc(scores, labels), "ap": float(average_precision_score(labels, scores)),
+            "recall_at_k": recall_at_k(scores, labels)}
+
+
+def job_variants(cfg, spec: JobSpec) -> dict[str, str]:
+    """Recorded variant -> the job's score key."""
+    wanted = set(cfg.variants)
+    out = {}
+    if spec.partition != "louvain":
+        return {spec.variant: spec.variant}
+    if spec.kind == "mvfgad":
+        if spec.K in cfg.K:
+            out.update({v: v for v in ("mvfgad", "fedavg_gcn") if v in wanted})
+        if spec.K == cfg.ablation_K and spec.seed in cfg.ablation_seeds:
+            out.update({v: v for v in VIEW_ABLATIONS if v in wanted})
+        if spec.K == 1 and "central_mvfgad" in wanted:
+            out["central_mvfgad"] = "mvfgad"
+    elif spec.kind == "dominant":
+        if spec.K in cfg.K and "fedavg_dominant" in wanted:
+            out["fedavg_dominant"] = "fedavg_dominant"
+        if spec.K == 1 and "central_dominant" in wanted:
+            out["central_dominant"] = "fedavg_dominant"
+    elif spec.K in cfg.K:
+        out["local_only"] = "local_only"
+    return out
+
+
+def evaluate_job(cfg, spec: JobSpec, job, tags: dict, histogram: bool) -> tuple[list[dict], list[dict]]:
+    """(metric rows, client_metrics rows) of every variant a job carries."""
+    from icml.methods.fgad.algorithm import weighted_mean
+
+    rows, clients = [], []
+    base = {"seed": spec.seed, "K": spec.K, "partition": spec.partition, **tags}
+    weights = np.bincount(job.client, minlength=spec.K).astype(float)
+    test = job.split == 2
+    names = list(job.group_names)
+    groups = [("all", job.y > 0)] + [(g, job.group == names.index(g)) for g in names[1:]]
+    for variant, key in job_variants(cfg, spec).items():
+        scores = job.scores[key]
+        tag = {**base, "variant": variant}
+        for group, members in groups:
+            keep = test & ((job.y == 0) | members)
+            per_client = []
+            for c in range(spec.K):
+                mask = keep & (job.client == c)
+                metrics = group_metrics(scores[mask], job.y[mask])
+                per_client.append(metrics)
+                clients.append({"variant": variant, "seed": spec.seed, "K": spec.K, "partition": spec.partition,
+                                "client": c, "n_nodes": int(weights[c]), "n_anom": int(job.y[mask].sum()),
+                                "group": group, "auroc": metrics["auroc"], "ap": metrics["ap"]})
+                if group == "all":
+                    rows.append({**tag, "metric": "client_auroc", "value": metrics["auroc"], "client": c,
+                                 "group": group, "split": "test"})
+            pooled = group_metrics(scores[keep], job.y[keep])
+            for metric in ("auroc", "ap", "recall_at_k"):
+                rows.append({**tag, "metric": metric, "group": group, "agg": "client_weighted", "split": "test",
+                             "value": weighted_mean([m[metric] for m in per_client], weights)})
+                rows.append({**tag, "metric": metric, "group": group, "agg": "pooled", "split": "test",
+                             "value": pooled[metric]})
+        rows.append({**tag, "metric": "val_auroc", "group": "all", "agg": "client_weighted", "split": "val",
+                     "value": weighted_mean(job.val_auroc[key], weights)})
+        diag = dict(job.diag[key])
+        if variant.startswith("central_"):  # one site holds the whole graph: nothing is communicated
+            diag.update(comm_bytes_per_round=0.0, comm_bytes_total=0.0)
+        diag.update(cut_edge_frac=job.cut_edge_frac, moved_nodes=float(len(job.moves)))
+        rows += [{**tag, "metric": m, "value": float(v), "split": "diag"} for m, v in diag.items()]
+        rows += [{**tag, "metric": "client_nodes", "value": float(weights[c]), "client": c, "split": "diag"}
+                 for c in range(spec.K)]
+        if histogram and variant == "mvfgad":
+            edges = np.linspace(0, 1, 21)
+            for group, members in [("normal", job.y == 0)] + groups[1:]:
+                values = scores[test & members]
+                density, _ = np.histogram(values, bins=edges, density=True)
+                rows += [{**tag, "metric": "score_density", "value": float(d), "group": group,
+                          "bin": float((lo + hi) / 2), "split": "test"}
+                         for d, lo, hi in zip(density, edges[:-1], edges[1:])]
+    return rows, clients
+
+
+def evaluate(ctx: RunContext) -> None:
+    import pandas as pd
+
+    cfg = ctx.config
+    jobs = job_grid(cfg)
+    histogram_job = JobSpec("mvfgad", max(cfg.K), cfg.seeds[0])
+    client_rows = []
+    with ctx.progress("fgad metrics (jobs)", len(jobs)) as advance:
+        for spec in jobs:
+            job = _load(ctx, spec)
+            inject_id = ctx.run.info().get("injection", {}).get("groups_per_seed", {}).get(str(spec.seed), {})
+            tags = {"dataset": dataset_name(cfg), "inject_id": inject_id.get("inject_id", "none")}
+            rows, clients = evaluate_job(cfg, spec, job, tags, histogram=spec == histogram_job)
+            ctx.record(rows)
+            client_rows += [{"run_id": ctx.run.path.name, **r} for r in clients]
+            advance(1)
+    ctx.write_table("client_metrics", pd.DataFrame(client_rows))
+

@@ -1,0 +1,200 @@
+"""Tables and plots of `icml fgad report`: per-group detection quality of every variant
+(client-weighted, pooled beside it), the views ablation, communication, and five plots."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from icml.methods.fgad.config import ABLATIONS, MAIN
+from icml.reports.plots import new_axes
+from icml.reports.tables import Table, fmt, mean_sd
+
+ORDER = MAIN + ABLATIONS
+GROUP_ORDER = ["all", "str_strong", "str_weak", "ctx_strong", "ctx_weak"]
+VIEWS = ["mvfgad", "view_attr", "view_smooth", "view_signed", "euclidean"]
+
+
+def _rank(values, order):
+    rank = {v: i for i, v in enumerate(order)}
+    return values.map(lambda v: rank.get(v, len(rank)))
+
+
+def _test(frame: pd.DataFrame, metric: str, agg: str | None = None) -> pd.DataFrame:
+    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == metric)]
+    return rows if agg is None else rows[rows["agg"] == agg]
+
+
+def _groups(rows: pd.DataFrame) -> list[str]:
+    present = list(dict.fromkeys(rows["group"].dropna()))
+    return sorted(present, key=lambda g: GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER))
+
+
+def _group_table(frame: pd.DataFrame, metric: str, variants: list[str] | None = None, title: str = "",
+                 note: str = "") -> Table:
+    """variant × K rows, one column per group: client-weighted mean ± sd over seeds (pooled mean)."""
+    weighted, pooled = _test(frame, metric, "client_weighted"), _test(frame, metric, "pooled")
+    if variants is not None:
+        weighted, pooled = weighted[weighted["variant"].isin(variants)], pooled[pooled["variant"].isin(variants)]
+    if weighted.empty:
+        return Table(title, pd.DataFrame(), note="no rows")
+    out = []
+    for (variant, k), rows in weighted.groupby(["variant", "K"], sort=False):
+        row = {"variant": variant, "K": int(k), "seeds": rows["seed"].nunique()}
+        for group in _groups(weighted):
+            cell = rows[rows["group"] == group]["value"]
+            pool = pooled[(pooled["variant"] == variant) & (pooled["K"] == k) & (pooled["group"] == group)]["value"]
+            row[group] = f"{mean_sd(cell)} ({fmt(pool.mean(), 3)})"
+        out.append(row)
+    table = pd.DataFrame(out)
+    table = table.sort_values(["variant", "K"], key=lambda s: _rank(s, ORDER) if s.name == "variant" else s,
+                              kind="stable").reset_index(drop=True)
+    return Table(title, table, {g: "higher" for g in _groups(weighted)}, note)
+
+
+def _comm_table(frame: pd.DataFrame) -> Table:
+    metrics = ["comm_bytes_per_round", "comm_bytes_total", "params_shared", "params_private", "wall_s",
+               "cut_edge_frac", "u_density", "moved_nodes"]
+    rows = frame[(frame["phase"] == "eval") & frame["metric"].isin(metrics)]
+    if rows.empty:
+        return Table("Communication and cost", pd.DataFrame())
+    table = rows.pivot_table(index=["variant", "K"], columns="metric", values="value", aggfunc="mean").reset_index()
+    table = table[["variant", "K"] + [m for m in metrics if m in table.columns]]
+    table = table.sort_values(["variant", "K"], key=lambda s: _rank(s, ORDER) if s.name == "variant" else s,
+                              kind="stable").reset_index(drop=True)
+    return Table("Communication and cost (mean over seeds)", table,
+                 {"comm_bytes_per_round": "lower", "comm_bytes_total": "lower", "wall_s": "lower"},
+                 "bytes = 2·K·|θ_shared|·4 per round; mvfgad shares only the GCN, so its bytes equal fedavg_gcn's "
+                 "whatever the private model's size; central_* and local_only communicate nothing")
+
+
+def tables(frame: pd.DataFrame, config) -> list[Table]:
+    if frame[frame["phase"] == "eval"].empty:
+        loss = frame[(frame["metric"] == "loss")]
+        last = loss[loss["step"] == loss.groupby(["variant", "stage", "K", "seed"])["step"].transform("max")]
+        summary = last.groupby(["variant", "stage", "K"])["value"].mean().reset_index()
+        return [Table("Final training loss (run eval for the full tables)", summary, {"value": "lower"})]
+    cell = "client-weighted mean ± sd over seeds (pooled in brackets); test normals + that group's test anomalies"
+    ablation = frame[(frame["K"] == config.ablation_K) & frame["seed"].isin(config.ablation_seeds)]
+    seeds = ", ".join(str(s) for s in config.ablation_seeds)
+    return [
+        _group_table(frame, "auroc", title="AUROC per anomaly group", note=cell),
+        _group_table(frame, "ap", title="AP per anomaly group", note=cell),
+        _group_table(frame, "recall_at_k", title="Recall@k per anomaly group", note=cell),
+        _group_table(ablation, "auroc", VIEWS + ["local_only", "partition_random", "partition_metis"],
+                     f"Ablations — AUROC at K={config.ablation_K}, seed {seeds}",
+                     "single views and Euclidean scoring read the same mvfgad training, each with its own "
+                     "validation-selected epoch; partition_* re-run mvfgad on another partition"),
+        _comm_table(frame),
+    ]
+
+
+def headline(frame: pd.DataFrame) -> dict:
+    rows = _test(frame, "auroc", "client_weighted")
+    rows = rows[rows["group"] == "all"]
+    if rows.empty:
+        return {}
+    at = rows[rows["K"] == rows["K"].max()]
+    out = {"auroc": at.groupby("variant")["value"].mean().to_dict()}
+    central = rows[rows["variant"].str.startswith("central_")]
+    out["auroc"].update(central.groupby("variant")["value"].mean().to_dict())
+    return out
+
+
+# plots -----------------------------------------------------------------------------------------------------
+def _auroc_vs_k(frame: pd.DataFrame):
+    rows = _test(frame, "auroc", "client_weighted")
+    rows = rows[(rows["group"] == "all") & rows["variant"].isin(MAIN)]
+    figure, axis = new_axes("AUROC vs number of clients (all anomalies)", "K (clients)", "AUROC (client-weighted)")
+    for variant, group in sorted(rows.groupby("variant"), key=lambda kv: ORDER.index(kv[0])):
+        stats = group.groupby("K")["value"].agg(["mean", "std"]).fillna(0.0)
+        if variant.startswith("central_"):
+            axis.axhline(stats["mean"].iloc[0], ls="--", lw=1, label=f"{variant} (K=1)",
+                         color="grey" if variant == "central_dominant" else "black")
+        else:
+            axis.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=variant)
+    axis.set_xscale("log")
+    ks = sorted(rows["K"].unique())
+    axis.set_xticks(ks, [str(int(k)) for k in ks])
+    axis.legend(fontsize=7)
+    return figure
+
+
+def _weak_vs_strong(frame: pd.DataFrame):
+    rows = _test(frame, "auroc", "client_weighted")
+    k_max = rows["K"].max()
+    rows = rows[(rows["K"] == k_max) & rows["group"].isin(GROUP_ORDER[1:])
+                & rows["variant"].isin(["mvfgad", "local_only", "fedavg_gcn", "fedavg_dominant"])]
+    figure, axis = new_axes(f"Weak vs strong anomalies (K={k_max})", "anomaly group", "AUROC (client-weighted)")
+    variants = [v for v in ORDER if v in set(rows["variant"])]
+    groups = [g for g in GROUP_ORDER[1:] if g in set(rows["group"])]
+    width = 0.8 / max(len(variants), 1)
+    for i, variant in enumerate(variants):
+        means = [rows[(rows["variant"] == variant) & (rows["group"] == g)]["value"].mean() for g in groups]
+        axis.bar(np.arange(len(groups)) + i * width, means, width, label=variant)
+    axis.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
+    axis.axhline(0.5, color="k", lw=0.8)
+    axis.set_ylim(0, 1)
+    axis.legend(fontsize=7)
+    return figure
+
+
+def _client_dots(frame: pd.DataFrame):
+    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "client_auroc")]
+    k_max = rows["K"].max()
+    rows = rows[(rows["K"] == k_max)]
+    variants = [v for v in ORDER if v in set(rows["variant"])]
+    figure, axis = new_axes(f"Per-client test AUROC (K={k_max}, every seed)", "variant", "AUROC")
+    for i, variant in enumerate(variants):
+        values = rows[rows["variant"] == variant]["value"].dropna()
+        jitter = np.random.default_rng(i).uniform(-0.15, 0.15, len(values))
+        axis.scatter(i + jitter, values, s=10, alpha=0.7)
+    axis.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=7)
+    return figure
+
+
+def _partition_stats(frame: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    sizes = frame[(frame["phase"] == "eval") & (frame["metric"] == "client_nodes") & (frame["variant"] == "mvfgad")]
+    cuts = frame[(frame["phase"] == "eval") & (frame["metric"] == "cut_edge_frac")]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for k, group in sizes[sizes["seed"] == sizes["seed"].min()].groupby("K"):
+        values = np.sort(group["value"].to_numpy())[::-1]
+        left.plot(np.arange(len(values)), values, marker="o", label=f"K={int(k)}")
+    left.set_title("Client sizes (Louvain, capped and balanced)")
+    left.set_xlabel("client (largest first)")
+    left.set_ylabel("nodes")
+    left.legend(fontsize=7)
+    by_partition = cuts.groupby(["partition", "K"])["value"].mean().reset_index()
+    labels = [f"{p}\nK={int(k)}" for p, k in zip(by_partition["partition"], by_partition["K"])]
+    right.bar(range(len(labels)), by_partition["value"])
+    right.set_xticks(range(len(labels)), labels, fontsize=7)
+    right.set_title("Share of edges cut by the partition")
+    right.set_ylabel("cut_edge_frac")
+    return figure
+
+
+def _score_histograms(frame: pd.DataFrame):
+    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "score_density")]
+    k = int(rows["K"].iloc[0])
+    figure, axis = new_axes(f"mvfgad test scores (K={k}, seed {int(rows['seed'].iloc[0])})", "fused score",
+                            "density")
+    for group, curve in rows.groupby("group", sort=False):
+        curve = curve.sort_values("bin")
+        axis.plot(curve["bin"], curve["value"], label=group, lw=2.5 if group == "normal" else 1.2,
+                  color="black" if group == "normal" else None)
+    axis.legend(fontsize=7)
+    return figure
+
+
+def plots(frame: pd.DataFrame, config) -> list:
+    evaluated = frame[frame["phase"] == "eval"]
+    if evaluated.empty:
+        return []
+    out = [("AUROC vs K", _auroc_vs_k(frame)), ("weak vs strong", _weak_vs_strong(frame)),
+           ("per-client AUROC", _client_dots(frame))]
+    if not evaluated[evaluated["metric"] == "client_nodes"].empty:
+        out.append(("partition statistics", _partition_stats(frame)))
+    if not evaluated[evaluated["metric"] == "score_density"].empty:
+        out.append(("score histograms", _score_histograms(frame)))
+    return out

@@ -1,0 +1,131 @@
+"""`icml fgad` end to end on a tiny graph: train → eval → report through the CLI, every spec
+metric/tag/table present, communication identities, user graph files, and bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import train_and_eval, train_eval_report
+
+TINY = ["--preset", "smoke", "--set", "n_nodes=300", "--set", "rounds=2", "--set", "epochs=3", "--set", "K=1,3",
+        "--set", "hidden=16", "--set", "out_dim=8"]
+SPEC_METRICS = {"auroc", "ap", "recall_at_k", "val_auroc", "comm_bytes_per_round", "comm_bytes_total",
+                "params_shared", "params_private", "wall_s", "cut_edge_frac", "u_density", "loss"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return train_eval_report("fgad", tmp_path_factory.mktemp("runs"), TINY)
+
+
+@pytest.fixture(scope="module")
+def metrics(tiny_run):
+    return pq.read_table(tiny_run / "metrics.parquet").to_pandas()
+
+
+def test_every_variant_metric_and_tag(metrics):
+    from icml.methods.fgad.config import VARIANTS
+
+    assert SPEC_METRICS <= set(metrics["metric"])
+    assert set(metrics["variant"]) == set(VARIANTS) - {"partition_metis"}  # pymetis is not installed here
+    scored = metrics[metrics["metric"] == "auroc"]
+    assert set(scored["group"]) == {"all", "str_strong", "str_weak", "ctx_strong", "ctx_weak"}
+    assert set(scored["agg"]) == {"client_weighted", "pooled"}
+    assert scored[["K", "partition", "dataset", "inject_id"]].notna().all().all()
+    assert set(scored.loc[scored["variant"] == "mvfgad", "K"]) == {1, 3}
+    assert set(scored.loc[scored["variant"] == "central_mvfgad", "K"]) == {1}
+    assert set(scored.loc[scored["variant"] == "partition_random", "partition"]) == {"random"}
+    assert scored["value"].dropna().between(0, 1).all()
+    assert scored.loc[scored["group"] == "all", "value"].notna().all()  # a group may miss the tiny test splits
+    loss = metrics[metrics["metric"] == "loss"]
+    assert set(loss["phase"]) == {"train"} and set(loss["stage"]) == {"fedavg", "local"}
+    # at K=1 the client-weighted and pooled numbers coincide
+    k1 = scored[scored["K"] == 1].pivot_table(index=["variant", "group"], columns="agg", values="value")
+    np.testing.assert_allclose(k1["client_weighted"], k1["pooled"], rtol=1e-12)
+
+
+def test_communication_identities(metrics):
+    diag = metrics[metrics["split"] == "diag"].pivot_table(index=["variant", "K"], columns="metric", values="value")
+    for k in (1, 3):
+        mv, gcn = diag.loc[("mvfgad", k)], diag.loc[("fedavg_gcn", k)]
+        assert mv["comm_bytes_per_round"] == gcn["comm_bytes_per_round"] == 2 * k * mv["params_shared"] * 4
+        assert mv["comm_bytes_total"] == 2 * mv["comm_bytes_per_round"]  # 2 rounds
+        assert mv["params_private"] > 0 and diag.loc[("local_only", k)]["comm_bytes_total"] == 0
+    assert diag.loc[("central_mvfgad", 1)]["comm_bytes_total"] == 0
+    assert diag.loc[("mvfgad", 1)]["cut_edge_frac"] == 0 and diag.loc[("mvfgad", 3)]["cut_edge_frac"] > 0
+
+
+def test_tables_and_run_record(tiny_run, metrics):
+    partition = pq.read_table(tiny_run / "partition.parquet").to_pandas()
+    assert {"node_id", "client", "split", "moved", "K", "seed", "partition"} <= set(partition.columns)
+    for _, rows in partition.groupby(["K", "seed", "partition"]):
+        assert sorted(rows["node_id"]) == list(range(300))
+    injection = pq.read_table(tiny_run / "injection.parquet").to_pandas()
+    assert {"node_id", "group", "atype", "strength", "clique_id", "source_node", "m", "p_drop", "k"} <= set(
+        injection.columns)
+    assert injection["node_id"].is_unique and set(injection["group"]) == {"str_strong", "str_weak", "ctx_strong",
+                                                                          "ctx_weak"}
+    clients = pq.read_table(tiny_run / "client_metrics.parquet").to_pandas()
+    assert {"run_id", "variant", "seed", "K", "client", "n_nodes", "n_anom", "group", "auroc", "ap"} <= set(
+        clients.columns)
+    info = json.loads((tiny_run / "run.json").read_text())["injection"]
+    params = info["groups_per_seed"]["123"]
+    assert params["m_strong"] == 15 and params["p_drop_weak"] == 0.5 and params["seed"] == 123
+    assert set(metrics["inject_id"].dropna()) == {params["inject_id"]}
+    assert (tiny_run / "checkpoints" / "mvfgad_louvain_K3_s123" / "global_gcn.pt").exists()
+    assert (tiny_run / "checkpoints" / "mvfgad_louvain_K3_s123" / "clients.pt").exists()
+
+
+def test_report_renders(tiny_run):
+    html = (tiny_run.parent.parent / "r.html").read_text()
+    titles = ("AUROC per anomaly group", "AP per anomaly group", "Ablations — AUROC at K=3", "Communication and cost")
+    for title in titles:
+        assert title in html
+    assert html.count("data:image/png;base64,") == 5
+
+
+def _npz_graph(path: Path) -> Path:
+    from icml.data.graphs import InjectionParams, synthetic_graph
+
+    data, _ = synthetic_graph(160, 4, 9.0, 1.0, 8, 0.5, 0.5, InjectionParams(seed=0, fraction=0.03))
+    np.savez(path, x=data.x.numpy(), y=data.y.numpy(), edge_index=data.edge_index.numpy())
+    return path
+
+
+def test_user_graph_file(icml, tmp_path):
+    graph = _npz_graph(tmp_path / "tiny_graph.npz")
+    run = train_and_eval(icml, "fgad", "--preset", "smoke", "--data", graph, "--set", "K=2",
+                         "--set", "variants=mvfgad,local_only", "--set", "rounds=1", "--set", "epochs=2")
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    scored = frame[frame["metric"] == "auroc"]
+    assert set(scored["dataset"]) == {"tiny_graph"} and set(scored["inject_id"]) == {"none"}
+    assert set(scored["group"]) == {"all", "anomaly"} and set(scored["variant"]) == {"mvfgad", "local_only"}
+    assert not (run / "injection.parquet").exists()
+    report = icml("fgad", "report", run, "--json")
+    assert report.code == 0, report.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "variants=mvfgad,nope"], "unknown variant(s) ['nope']"),
+    (["--set", "signed_norm=other"], "signed_norm must be one of code, symmetric"),
+    (["--set", "split=0.5,0.5"], "split must be three positive fractions"),
+    (["--data", "/no/such/graph.mat"], "--data '/no/such/graph.mat' does not exist"),
+])
+def test_bad_input_is_one_line(icml, argv, message):
+    result = icml("fgad", "train", "--preset", "smoke", *argv)
+    assert result.code == 2
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.err
+
+
+def test_malformed_graph_file_is_one_line(icml, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=np.ones((5, 2)), y=np.array([0, 1, 3, 0, 0]), edge_index=np.array([[0], [1]]))
+    result = icml("fgad", "train", "--preset", "smoke", "--data", bad)
+    assert result.code == 1
+    lines = [line for line in result.err.splitlines() if line.strip().startswith("icml: error")]
+    assert len(lines) == 1 and "must be 0/1 anomaly labels" in lines[0] and "Traceback" not in result.err
