@@ -3,7 +3,8 @@
 The declaration is cheap to import (no torch): the CLI builds every method's help from it.
 The heavy parts are named by module and imported only when a command runs:
 - `<package>.pipeline` with `train(ctx)` and `evaluate(ctx)`;
-- `<package>.report` with `tables(frame)`, `plots(frame)` and optionally `headline(frame)`;
+- `<package>.report` with `tables(frame, config)`, `plots(frame, config)` (either may also take
+  `run=` to read the run's extra tables) and optionally `headline(frame)`;
 - optionally `<package>.verbs` with `register(app)` for method-specific commands.
 """
 from __future__ import annotations

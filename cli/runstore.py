@@ -103,6 +103,13 @@ class Run:
     def table_path(self, name: str) -> Path:
         return self.path / f"{name}.parquet"
 
+    def table(self, name: str):
+        """The run's extra table `<name>.parquet` as a DataFrame, or None if it was not written."""
+        import pandas as pd
+
+        path = self.table_path(name)
+        return pd.read_parquet(path) if path.exists() else None
+
     # run.json --------------------------------------------------------------
     def info(self) -> dict:
         try:

@@ -2,13 +2,15 @@
 HTML, CSV and JSON.
 
 Per run, the method's `report` module gives `tables(frame, config)` and `plots(frame, config)`
-(matplotlib figures, Agg backend). Every report also lands in the run's `report/` folder as
+(matplotlib figures, Agg backend); a hook that declares a `run` parameter also gets the run, to read
+its extra tables (`run.table("allocations")`). Every report also lands in the run's `report/` folder as
 report.md, report.html and one PNG per plot.
 """
 from __future__ import annotations
 
 import base64
 import html
+import inspect
 import io
 import json
 import os
@@ -59,6 +61,13 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")[:60] or "plot"
 
 
+def _call_hook(hook, frame: pd.DataFrame, cfg, run: Run):
+    """hook(frame, cfg), plus run=… for hooks that read the run's extra tables."""
+    if "run" in inspect.signature(hook).parameters:
+        return hook(frame, cfg, run=run)
+    return hook(frame, cfg)
+
+
 def build_section(run: Run, with_plots: bool = True) -> Section:
     info = run.info()
     method = registry.get(info["method"])
@@ -73,7 +82,7 @@ def build_section(run: Run, with_plots: bool = True) -> Section:
         hooks = method.part("report")
     except ModuleNotFoundError:
         hooks = None
-    section.tables = hooks.tables(frame, cfg) if hooks and hasattr(hooks, "tables") \
+    section.tables = _call_hook(hooks.tables, frame, cfg, run) if hooks and hasattr(hooks, "tables") \
         else default_tables(frame, method.metrics)
     section.headline = hooks.headline(frame) if hooks and hasattr(hooks, "headline") \
         else default_headline(frame, method.metrics)
@@ -84,7 +93,7 @@ def build_section(run: Run, with_plots: bool = True) -> Section:
         import matplotlib.pyplot as plt
 
         run.report_dir.mkdir(parents=True, exist_ok=True)
-        for title, figure in hooks.plots(frame, cfg):
+        for title, figure in _call_hook(hooks.plots, frame, cfg, run):
             path = run.report_dir / f"{_slug(title)}.png"
             tmp = path.with_suffix(".png.tmp")
             figure.savefig(tmp, dpi=110, bbox_inches="tight", format="png")

@@ -57,7 +57,8 @@ def test_train_eval_report_json(icml, toy, tmp_path):
     result = icml("toy", "report")  # terminal: human output on stderr, nothing on stdout
     assert result.code == 0 and result.out == ""
     assert "mse" in result.err and "smoke" in result.err
-    for name in ("report.md", "report.html", "toy_loss_curve.png"):
+    for name in ("report.md", "report.html", "toy_loss_curve.png", "toy_predictions.png"):  # the 2nd reads
+        # predictions.parquet through the run handed to a hook that declares `run`
         assert (run / "report" / name).exists()
 
 

@@ -1,4 +1,5 @@
-def plots(frame, config):
+def plots(frame, config, run=None):
+    """Two plots: one from metrics.parquet, one from the run's extra table (a hook with `run`)."""
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(4, 3))
@@ -8,4 +9,10 @@ def plots(frame, config):
     axis.set_xlabel("step")
     axis.set_ylabel("loss")
     axis.legend()
-    return [("toy loss curve", figure)]
+    out = [("toy loss curve", figure)]
+    predictions = run.table("predictions") if run is not None else None
+    if predictions is not None:
+        figure, axis = plt.subplots(figsize=(4, 3))
+        axis.scatter(predictions["target"], predictions["predicted"], s=4)
+        out.append(("toy predictions", figure))
+    return out
