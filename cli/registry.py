@@ -12,6 +12,7 @@ from .method import Method
 
 METHODS: dict[str, str] = {
     "belief-filter": "icml.methods.belief_filter",
+    "event-classify": "icml.methods.event_classify",
     "fgad": "icml.methods.fgad",
     "spectral-optim": "icml.methods.spectral_optim",
 }
