@@ -14,6 +14,7 @@ METHODS: dict[str, str] = {
     "belief-filter": "icml.methods.belief_filter",
     "event-classify": "icml.methods.event_classify",
     "fgad": "icml.methods.fgad",
+    "kv-compress": "icml.methods.kv_compress",
     "spectral-optim": "icml.methods.spectral_optim",
 }
 

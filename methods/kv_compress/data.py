@@ -1,0 +1,133 @@
+"""Long-context tasks of `icml kv-compress`: the word vocabulary, its tokenizer, the three
+generated tasks and the loader of user JSONL files.
+
+An example is a context, a question and a gold answer (word strings). The prompt is
+`<bos> context question =`: the cue `=` (our addition to the spec's vocabulary) closes every
+prompt, so in question-aware mode the whole question lies in the observation window while the
+cue itself is decoded through the compressed cache (see model.py).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from icml.cli.errors import UsageError
+
+KEYS = [f"k{i}" for i in range(40)]
+VALUES = [f"v{i}" for i in range(10)]
+FILLER = [f"f{i}" for i in range(30)]
+DIGITS = [str(i) for i in range(10)]
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+VOCAB = SPECIAL + KEYS + VALUES + FILLER + DIGITS + [";", "?", "count", "magic", "="]
+CUE = "="
+
+
+@dataclass
+class Example:
+    task: str
+    example_id: int
+    context: str
+    question: str
+    answer: str
+    more: tuple[tuple[str, str], ...] = ()  # further (question, answer) pairs: training sequences only
+
+
+def build_tokenizer():
+    """Word-level PreTrainedTokenizerFast over VOCAB (whitespace split, `<bos>` prepended)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def _scatter(rng: random.Random, items: list[list[str]], length: int) -> list[str]:
+    """Place the multi-token `items` in order-free random slots of a filler stream of `length` tokens."""
+    n_filler = length - sum(len(item) for item in items)
+    slots = sorted(rng.randint(0, n_filler) for _ in items)
+    rng.shuffle(items)
+    filler = [rng.choice(FILLER) for _ in range(n_filler)]
+    out, start = [], 0
+    for slot, item in zip(slots, items):
+        out += filler[start:slot] + item
+        start = slot
+    return out + filler[start:]
+
+
+def _pairs(rng: random.Random, length: int) -> list[tuple[str, str]]:
+    """24–40 pairs; short training contexts (below 160 tokens) hold at most length/4 of them."""
+    cap = max(2, length // 4)
+    keys = rng.sample(KEYS, rng.randint(min(24, cap), min(40, cap)))
+    return [(k, rng.choice(VALUES)) for k in keys]
+
+
+def generate(task: str, example_id: int, rng: random.Random, context_min: int, context_max: int,
+             n_questions: int = 1) -> Example:
+    """One example; with n_questions > 1 (training) the same context carries further distinct
+    questions about it (needle has only one)."""
+    length = rng.randint(context_min, context_max)
+    if task == "kv_retrieval":
+        pairs = _pairs(rng, length)
+        asked = rng.sample(pairs, min(n_questions, len(pairs)))
+        context = _scatter(rng, [[k, v, ";"] for k, v in pairs], length)
+        qa = [(f"? {key}", value) for key, value in asked]
+    elif task == "needle":
+        value = rng.choice(VALUES)
+        context = _scatter(rng, [["magic", value, ";"]], length)
+        qa = [("? magic", value)]
+    elif task == "aggregation":
+        pairs = _pairs(rng, length)
+        asked = rng.sample(VALUES, min(n_questions, len(VALUES)))
+        context = _scatter(rng, [[k, v, ";"] for k, v in pairs], length)
+        qa = [(f"count {value} ?", str(sum(v == value for _, v in pairs) % 10)) for value in asked]
+    else:
+        raise ValueError(f"unknown task '{task}'")
+    (question, answer), *more = [(f"{q} {CUE}", a) for q, a in qa]
+    return Example(task, example_id, " ".join(context), question, answer, tuple(more))
+
+
+def generate_set(tasks: list[str], n_per_task: int, seed: int, context_min: int, context_max: int,
+                 stream: str) -> list[Example]:
+    """Deterministic from (seed, stream): train/val/calibration/test streams never share examples."""
+    rng = random.Random(f"{seed}/{stream}")
+    return [generate(task, i, rng, context_min, context_max) for task in tasks for i in range(n_per_task)]
+
+
+def load_jsonl(path: str | Path) -> list[Example]:
+    """A user file: one JSON object per line with context/question/answer, or LongBench's
+    context/input/answers (the first answer is the gold one)."""
+    path = Path(path)
+    examples = []
+    task = path.stem
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UsageError(f"--data '{path}' is not UTF-8 text", "pass a JSONL file") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--data '{path}' line {number} is not valid JSON ({exc.msg})",
+                             "write one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise UsageError(f"--data '{path}' line {number} is not a JSON object",
+                             "write objects with context/question/answer")
+        question = record.get("question", record.get("input"))
+        answer = record.get("answer", record.get("answers"))
+        if isinstance(answer, list):
+            answer = answer[0] if answer else None
+        if not isinstance(record.get("context"), str) or not isinstance(question, str) \
+                or not isinstance(answer, str):
+            raise UsageError(f"--data '{path}' line {number} lacks string fields context, question/input "
+                             "and answer/answers", "give every line context, question and answer")
+        examples.append(Example(task, len(examples), record["context"], question, answer))
+    if not examples:
+        raise UsageError(f"--data '{path}' holds no examples", "write one JSON object per line")
+    return examples

@@ -1,0 +1,219 @@
+"""Evaluation of one example under every variant and ratio: one full prefill per mode, the
+full-cache answer logits computed once, then per (variant, ratio) compress → ragged cache →
+decode the prompt's last tokens and the teacher-forced answer through it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from icml.methods.kv_compress import compress as kv
+from icml.methods.kv_compress.data import Example
+from icml.methods.kv_compress.model import Prefill, RaggedCache, extend, prefill
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    allocation: str  # full | uniform | pyramid | adakv | entropy
+    operator: str  # none | snapkv | h2o | streamingllm
+    question_aware: bool
+    alpha: float | None = None
+    scope: str | None = None
+
+
+def variant_spec(name: str, cfg) -> Variant:
+    aware = cfg.question_aware
+    fixed = {"full": Variant(name, "full", "none", aware),
+             "snapkv": Variant(name, "uniform", "snapkv", aware),
+             "h2o": Variant(name, "uniform", "h2o", aware),
+             "streamingllm": Variant(name, "uniform", "streamingllm", aware),
+             "pyramidkv": Variant(name, "pyramid", "snapkv", aware),
+             "adakv": Variant(name, "adakv", "snapkv", aware)}
+    if name in fixed:
+        return fixed[name]
+    entro = {"entrokv_snapkv": ("snapkv", cfg.alpha, cfg.scope, aware),
+             "entrokv_h2o": ("h2o", cfg.alpha, cfg.scope, aware),
+             "entrokv_streamingllm": ("streamingllm", cfg.alpha, cfg.scope, aware),
+             "entrokv_alpha0": ("snapkv", 0.0, cfg.scope, aware),
+             "entrokv_alpha1": ("snapkv", 1.0, cfg.scope, aware),
+             "entrokv_perlayer": ("snapkv", cfg.alpha, "per_layer", aware),
+             "entrokv_qagnostic": ("snapkv", cfg.alpha, cfg.scope, False)}
+    operator, alpha, scope, aware = entro[name]
+    return Variant(name, "entropy", operator, aware, alpha, scope)
+
+
+@dataclass
+class Analysis:
+    """Window attention and entropy of one prefill, shared by the variants of an example; their
+    measured times are charged to every variant that uses them."""
+
+    attentions: list[torch.Tensor]  # [Hq, w, N] per layer
+    entropy: np.ndarray  # H_l^h [L, Hkv]
+    attention_ms: float
+    entropy_ms: float
+
+
+def analyse(state: Prefill, cfg) -> Analysis:
+    start = time.perf_counter()
+    log_attentions = [kv.window_log_attention(q, k, state.scaling) for q, k in zip(state.window_queries, state.keys)]
+    attentions = [a.exp() for a in log_attentions]
+    middle = time.perf_counter()
+    entropy = kv.kv_head_entropy(state, log_attentions, cfg.entropy_norm, cfg.gqa_agg)
+    end = time.perf_counter()
+    return Analysis(attentions, entropy, 1000 * (middle - start), 1000 * (end - middle))
+
+
+def compress(state: Prefill, analysis: Analysis, spec: Variant, ratio: float, cfg,
+             h_bar: float | None) -> kv.Selection:
+    """Scores, budgets and kept positions of one variant at one ratio."""
+    L, n_kv, _ = state.shape
+    n, w = state.n, cfg.window
+    scores = None
+    if spec.operator == "snapkv":
+        scores = [kv.snapkv_scores(a, n_kv, cfg.kernel, cfg.pool) for a in analysis.attentions]
+    elif spec.operator == "h2o":
+        scores = [kv.h2o_scores(c, n_kv, w) for c in state.column_sums]
+    signal = None
+    if spec.allocation == "full":
+        budget = np.full((L, n_kv), n - w, dtype=np.int64)
+        raw = budget.astype(float)
+    elif spec.allocation == "uniform":
+        budget = kv.uniform_budgets((L, n_kv), n, w, ratio)
+        raw = budget.astype(float)
+    elif spec.allocation == "pyramid":
+        raw, budget = kv.pyramid_budgets((L, n_kv), n, w, ratio, cfg.pyramid_beta)
+    elif spec.allocation == "adakv":
+        mean = kv.uniform_capacity(n, w, ratio) - w
+        budget = np.stack([kv.adakv_budgets(s, mean, cfg.adakv_floor) for s in scores])
+        raw = budget.astype(float)
+    else:
+        signal = kv.stabilised_signal(analysis.entropy, spec.alpha, h_bar)
+        raw, budget = kv.entropy_budgets(signal, n, w, ratio, spec.scope)
+    kept = kv.select("streamingllm" if spec.operator == "streamingllm" else "scores", scores, budget, n, w,
+                     cfg.sinks) if spec.allocation != "full" else \
+        [[torch.arange(n) for _ in range(n_kv)] for _ in range(L)]
+    return kv.Selection(kept, raw, budget, signal)
+
+
+def charged_ms(analysis: Analysis, spec: Variant) -> float:
+    """The shared analysis time a variant would pay on its own."""
+    uses_window = spec.operator == "snapkv" or spec.allocation == "entropy"
+    return (analysis.attention_ms if uses_window else 0.0) + \
+        (analysis.entropy_ms if spec.allocation == "entropy" else 0.0)
+
+
+@dataclass
+class Split:
+    """Token ids of one example: the prefilled part, then the tail decoded through the cache."""
+
+    prefix: torch.Tensor
+    tail: torch.Tensor  # the prompt tokens after the prefix, then the answer minus its last token
+    answer: torch.Tensor
+
+    def answer_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits[-len(self.answer):]
+
+
+def encode_parts(tokenizer, example: Example) -> tuple[list[int], list[int], list[int]]:
+    context = tokenizer(example.context)["input_ids"]
+    question = tokenizer(f" {example.question}", add_special_tokens=False)["input_ids"]
+    answer = tokenizer(f" {example.answer}", add_special_tokens=False)["input_ids"]
+    return context, question, answer
+
+
+def split(tokenizer, example: Example, question_aware: bool, device: str) -> Split:
+    """Question-aware: prefill context + question but its last token (the question lies in the
+    window; the last token is decoded through the compressed cache, so the first answer position
+    sees only kept entries). Question-agnostic: prefill the context alone, decode the question."""
+    context, question, answer = encode_parts(tokenizer, example)
+    prompt = context + question
+    cut = len(prompt) - 1 if question_aware else len(context)
+    as_tensor = lambda ids: torch.tensor(ids, device=device)  # noqa: E731
+    return Split(as_tensor(prompt[:cut]), as_tensor(prompt[cut:] + answer[:-1]), as_tensor(answer))
+
+
+@dataclass
+class Outcome:
+    correct: float  # exact match (or token F1 for scoring=f1)
+    answer_nll: float
+    kl_to_full: float
+    first_logprobs: torch.Tensor
+
+
+def score_cache(model, cache: RaggedCache, parts: Split, full_first: torch.Tensor | None) -> Outcome:
+    logits, _ = extend(model, cache, parts.tail)
+    answer = parts.answer_logits(logits).log_softmax(-1)
+    nll = float(-answer.gather(1, parts.answer[:, None]).mean())
+    correct = float(bool((answer.argmax(-1) == parts.answer).all()))  # greedy == gold, token by token
+    kl = 0.0 if full_first is None else float((full_first.exp() * (full_first - answer[0])).sum())
+    return Outcome(correct, nll, kl, answer[0])
+
+
+def token_f1(predicted: str, gold: str) -> float:
+    p, g = predicted.split(), gold.split()
+    common = sum(min(p.count(t), g.count(t)) for t in set(p))
+    if not p or not g or common == 0:
+        return float(p == g)
+    precision, recall = common / len(p), common / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def greedy_answer(model, tokenizer, cache: RaggedCache, parts: Split, max_new: int) -> str:
+    """Free greedy decoding through the compressed cache (for token F1 on user data)."""
+    prompt_tail = parts.tail[:len(parts.tail) - len(parts.answer) + 1]
+    logits, cache = extend(model, cache, prompt_tail)
+    out = []
+    for _ in range(max_new):
+        token = int(logits[-1].argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        out.append(token)
+        logits, cache = extend(model, cache, torch.tensor([token], device=parts.tail.device))
+    return tokenizer.decode(out, skip_special_tokens=True).strip()
+
+
+def evaluate_example(model, tokenizer, example: Example, cfg, specs: list[Variant], ratios: list[float],
+                     h_bar: float | None, device: str) -> tuple[list[dict], list[dict]]:
+    """Per-(variant, ratio) result rows and allocation rows of one example."""
+    modes = {spec.question_aware for spec in specs} | {True}
+    parts = {aware: split(tokenizer, example, aware, device) for aware in modes}
+    states = {aware: prefill(model, parts[aware].prefix, cfg.window) for aware in modes}
+    analyses = {aware: analyse(states[aware], cfg) for aware in modes}
+    full_cache = RaggedCache.from_prefill(states[True], [[torch.arange(states[True].n)] * states[True].shape[1]]
+                                          * states[True].shape[0])
+    full = score_cache(model, full_cache, parts[True], None)  # once per example, reused for every KL
+    results, allocations = [], []
+    for ratio in ratios:
+        for spec in specs:
+            state, part, analysis = states[spec.question_aware], parts[spec.question_aware], analyses[spec.question_aware]
+            start = time.perf_counter()
+            selection = compress(state, analysis, spec, ratio, cfg, h_bar)
+            cache = RaggedCache.from_prefill(state, selection.kept)
+            overhead = 1000 * (time.perf_counter() - start) + charged_ms(analysis, spec)
+            outcome = full if spec.allocation == "full" else score_cache(model, cache, part, full.first_logprobs)
+            correct = outcome.correct
+            if cfg.scoring == "f1":
+                correct = token_f1(greedy_answer(model, tokenizer, cache, part, cfg.max_new_tokens), example.answer)
+            L, n_kv, _ = state.shape
+            budgets = selection.budget.astype(float)
+            results.append({"variant": spec.name, "task": example.task, "ratio": ratio,
+                            "example_id": example.example_id, "exact_match": correct,
+                            "answer_nll": outcome.answer_nll, "kl_to_full": outcome.kl_to_full,
+                            "kept_entries": cache.entries(), "kept_fraction": cache.entries() / (L * n_kv * state.n),
+                            "memory_bytes": cache.memory_bytes(), "overhead_ms": overhead,
+                            "budget_cv": budgets.std() / budgets.mean(),
+                            "mean_entropy": float(analysis.entropy.mean())})
+            for layer in range(L):
+                for head in range(n_kv):
+                    allocations.append({
+                        "variant": spec.name, "task": example.task, "ratio": ratio,
+                        "example_id": example.example_id, "layer": layer, "kv_head": head,
+                        "entropy": float(analysis.entropy[layer, head]),
+                        "signal": float(selection.signal[layer, head]) if selection.signal is not None else np.nan,
+                        "budget_raw": float(selection.budget_raw[layer, head]),
+                        "budget": int(selection.budget[layer, head]),
+                        "kept": len(selection.kept[layer][head])})
+    return results, allocations

@@ -1,0 +1,229 @@
+"""`icml kv-compress` train → calibrate → eval.
+
+train: generate the task mixture, build the word tokenizer, train the tiny Llama (or take a
+`--model` checkpoint as it is), then calibrate. calibrate: H̄ = mean normalised entropy over
+calibration prompts, layers and KV heads, stored in calibration.json keyed by model. eval: the
+budget grid × variants × tasks, metrics.parquet rows and allocations.parquet.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from icml.cli.errors import IcmlError, UsageError
+from icml.cli.lifecycle import RunContext
+from icml.cli.runstore import atomic_write_json
+from icml.cli.threads import single_thread
+from icml.methods.kv_compress.config import TASKS
+from icml.methods.kv_compress.data import build_tokenizer, generate_set, load_jsonl
+from icml.methods.kv_compress.evaluation import analyse, evaluate_example, split, variant_spec
+from icml.methods.kv_compress.model import load_checkpoint, prefill, tiny_model
+
+TRAINED = "tiny"  # calibration key of the run's own trained model
+BOOTSTRAP_PAIR = ("entrokv_snapkv", "snapkv")
+CORR_RATIO = 0.3
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and data of a run
+# ---------------------------------------------------------------------------------------------
+def model_key(cfg, override: str | None = None) -> str:
+    path = override or cfg.model
+    return str(Path(path).resolve()) if path else TRAINED
+
+
+def load_model(run_path: Path, cfg, override: str | None, device: str):
+    """The model to compress: a `--model` checkpoint, or the run's trained tiny model."""
+    path = override or cfg.model
+    if path:
+        model, tokenizer = load_checkpoint(path)
+        return model.to(device), tokenizer
+    folder = run_path / "checkpoints" / "model"
+    if not (folder / "config.json").exists():
+        raise IcmlError(f"the trained model is missing from {folder}",
+                        f"re-train: icml kv-compress train --resume {run_path}")
+    model, _ = load_checkpoint(folder)
+    return model.to(device), build_tokenizer()
+
+
+def eval_examples(cfg, seed: int) -> list:
+    """The user's JSONL examples (first n_per_task), or n_per_task generated examples per task."""
+    if cfg.data:
+        return load_jsonl(cfg.data)[:cfg.n_per_task]
+    return generate_set(TASKS, cfg.n_per_task, seed, cfg.context_min, cfg.context_max, "test")
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+# ---------------------------------------------------------------------------------------------
+def mean_entropy(model, tokenizer, examples, cfg, device: str) -> float:
+    """H̄: mean of H_l^h over the calibration prompts, layers and KV heads (question-aware prefill)."""
+    maps = [analyse(prefill(model, split(tokenizer, e, True, device).prefix, cfg.window), cfg).entropy
+            for e in examples]
+    return float(np.mean(maps))
+
+
+def calibrate(run_path: Path, cfg, seed: int, device: str, *, model_path: str | None = None,
+              data: str | None = None, n: int | None = None) -> dict:
+    """Compute H̄ and store it in <run>/calibration.json under the model's key."""
+    n = n or cfg.n_calibration
+    model, tokenizer = load_model(run_path, cfg, model_path, device)
+    if data or cfg.data:
+        examples = load_jsonl(data or cfg.data)[:n]
+    else:  # a mixture stream of its own: never the eval examples
+        examples = generate_set(TASKS, -(-n // len(TASKS)), seed, cfg.context_min, cfg.context_max,
+                                "calibration")[:n]
+    with single_thread():
+        h_bar = mean_entropy(model, tokenizer, examples, cfg, device)
+    path = run_path / "calibration.json"
+    try:
+        table = json.loads(path.read_text()) if path.exists() else {}
+    except json.JSONDecodeError:
+        raise IcmlError(f"{path} is not valid JSON", "delete it and run: icml kv-compress calibrate") from None
+    entry = {"h_bar": h_bar, "n": len(examples), "window": cfg.window, "entropy_norm": cfg.entropy_norm,
+             "gqa_agg": cfg.gqa_agg, "data": str(Path(data or cfg.data).resolve()) if (data or cfg.data) else
+             "generated mixture"}
+    table[model_key(cfg, model_path)] = entry
+    atomic_write_json(path, table)
+    return entry
+
+
+def stored_h_bar(run_path: Path, cfg) -> float | None:
+    path = run_path / "calibration.json"
+    if not path.exists():
+        return None
+    try:
+        entry = json.loads(path.read_text()).get(model_key(cfg))
+    except (json.JSONDecodeError, AttributeError):
+        raise IcmlError(f"{path} is not a valid calibration file",
+                        "delete it and run: icml kv-compress calibrate") from None
+    return None if entry is None else float(entry["h_bar"])
+
+
+# ---------------------------------------------------------------------------------------------
+# train
+# ---------------------------------------------------------------------------------------------
+def train(ctx: RunContext) -> None:
+    from icml.methods.kv_compress.training import train_model
+
+    cfg = ctx.config
+    if not cfg.model:
+        tokenizer = build_tokenizer()
+        model = tiny_model(cfg, len(tokenizer), ctx.seed)
+        state_path = ctx.checkpoints / "state.pt"
+        start, optimizer_state = 0, None
+        if ctx.resumed and state_path.exists():
+            saved = torch.load(state_path, weights_only=False)
+            model.load_state_dict(saved["model"])
+            start, optimizer_state = saved["step"], saved["optimizer"]
+        ctx.log(f"tiny Llama: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}")
+        val = generate_set(TASKS, cfg.val_per_task, ctx.seed, cfg.context_min, cfg.context_max, "val")
+
+        def log(step: int, values: dict) -> None:
+            rows = []
+            for name, value in values.items():
+                metric, _, task = name.partition("/")
+                rows.append({"variant": "tiny_llama", "metric": metric, "value": value, "step": step,
+                             "task": task or None})
+            ctx.record(rows, split="val" if "val_loss" in values else "train")
+            if "val_loss" in values:
+                ctx.log(f"  step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
+
+        def checkpoint(step: int, optimizer) -> None:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                       state_path)
+
+        with ctx.progress("training steps", cfg.steps - start) as advance, single_thread():
+            train_model(model, tokenizer, cfg, ctx.seed, ctx.device, val, start, optimizer_state, log, checkpoint,
+                        advance)
+        model.config._attn_implementation = "eager"
+        model.save_pretrained(ctx.checkpoints / "model")
+        tokenizer.save_pretrained(ctx.checkpoints / "model")
+    if cfg.calibrate_on_train:
+        entry = calibrate(ctx.run.path, cfg, ctx.seed, ctx.device)
+        ctx.log(f"calibration: H̄ = {entry['h_bar']:.4f} over {entry['n']} prompts")
+
+
+# ---------------------------------------------------------------------------------------------
+# eval
+# ---------------------------------------------------------------------------------------------
+def _bootstrap(diffs: np.ndarray, resamples: int, seed: int) -> tuple[float, float]:
+    """95% percentile CI of the mean of paired differences."""
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), size=(resamples, len(diffs)))].mean(1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def summary_rows(per_example: pd.DataFrame, allocations: pd.DataFrame, cfg, seed: int) -> list[dict]:
+    """Averages per (variant, task, ratio), retention, the paired bootstrap CI and the
+    retrieval/aggregation allocation correlation."""
+    specs = {name: variant_spec(name, cfg) for name in per_example["variant"].unique()}
+    metrics = ["exact_match", "answer_nll", "kl_to_full", "kept_entries", "kept_fraction", "memory_bytes",
+               "overhead_ms", "budget_cv", "mean_entropy"]
+    means = per_example.groupby(["variant", "task", "ratio"], sort=False)[metrics].mean().reset_index()
+    full_em = per_example[per_example["variant"] == "full"].groupby("task")["exact_match"].mean() \
+        if "full" in specs else pd.Series(dtype=float)
+    rows = []
+
+    def tags(variant: str, task: str, ratio: float) -> dict:
+        spec = specs[variant]
+        return {"variant": variant, "task": task, "ratio": float(ratio), "window": cfg.window,
+                "alpha": spec.alpha, "scope": spec.scope, "operator": spec.operator,
+                "question_aware": int(spec.question_aware)}
+
+    for record in means.to_dict("records"):
+        base = tags(record["variant"], record["task"], record["ratio"])
+        for metric in metrics:
+            rows.append({**base, "metric": metric, "value": float(record[metric])})
+        denominator = full_em.get(record["task"], np.nan)
+        retention = record["exact_match"] / denominator if denominator and denominator > 0 else np.nan
+        rows.append({**base, "metric": "retention", "value": float(retention)})
+    if all(v in specs for v in BOOTSTRAP_PAIR):
+        wide = per_example[per_example["variant"].isin(BOOTSTRAP_PAIR)].pivot_table(
+            index=["task", "ratio", "example_id"], columns="variant", values="exact_match")
+        for (task, ratio), group in wide.groupby(level=["task", "ratio"]):
+            diffs = (group[BOOTSTRAP_PAIR[0]] - group[BOOTSTRAP_PAIR[1]]).to_numpy()
+            low, high = _bootstrap(diffs, cfg.bootstrap, seed)
+            base = tags(BOOTSTRAP_PAIR[0], task, ratio)
+            rows += [{**base, "metric": "em_diff_ci_low", "value": low},
+                     {**base, "metric": "em_diff_ci_high", "value": high}]
+    picked = allocations[(allocations["variant"] == "entrokv_snapkv") & np.isclose(allocations["ratio"], CORR_RATIO)]
+    if {"kv_retrieval", "aggregation"} <= set(picked["task"]):
+        maps = picked.groupby(["task", "layer", "kv_head"])["budget"].mean()
+        a, b = maps["kv_retrieval"].to_numpy(float), maps["aggregation"].to_numpy(float)
+        corr = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else np.nan
+        rows.append({**tags("entrokv_snapkv", "kv_retrieval|aggregation", CORR_RATIO),
+                     "metric": "alloc_corr_retrieval_aggregation", "value": corr})
+    return rows
+
+
+def evaluate(ctx: RunContext) -> None:
+    cfg = ctx.config
+    specs = [variant_spec(name, cfg) for name in cfg.variants]
+    h_bar = cfg.h_bar
+    if h_bar is None and any(spec.allocation == "entropy" for spec in specs):
+        h_bar = stored_h_bar(ctx.run.path, cfg)
+        if h_bar is None:
+            raise UsageError(f"EntroKV variants need H̄, and {ctx.run.path}/calibration.json has none for "
+                             f"model '{model_key(cfg)}'",
+                             f"run: icml kv-compress calibrate {ctx.run.path} (or train with --set h_bar=0.3)")
+    model, tokenizer = load_model(ctx.run.path, cfg, None, ctx.device)
+    examples = eval_examples(cfg, ctx.seed)
+    ctx.log(f"{len(examples)} examples × {len(cfg.ratios)} ratios × {len(specs)} variants; H̄ = {h_bar}")
+    results, allocations = [], []
+    with ctx.progress("examples", len(examples)) as advance, single_thread():
+        for example in examples:
+            rows, alloc = evaluate_example(model, tokenizer, example, cfg, specs, cfg.ratios, h_bar, ctx.device)
+            results += rows
+            allocations += alloc
+            advance(1)
+    per_example = pd.DataFrame(results)
+    allocation_frame = pd.DataFrame(allocations)
+    allocation_frame.insert(0, "run_id", ctx.run.path.name)
+    ctx.record(summary_rows(per_example, allocation_frame, cfg, ctx.seed), split="test")
+    ctx.write_table("allocations", allocation_frame)
+    ctx.write_table("examples", per_example)

@@ -1,0 +1,134 @@
+"""`icml kv-compress` through the CLI: train → calibrate → eval → report on a tiny config, every
+spec metric and the allocations table, `calibrate` writing H̄, `--model`/`--data` inputs, and bad
+input (EntroKV without calibration, malformed JSONL) as one clear line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import train_eval_report
+
+TINY = ["--preset", "smoke", "--set", "steps=4", "--set", "val_every=4", "--set", "val_per_task=2",
+        "--set", "n_per_task=2", "--set", "n_calibration=3", "--set", "tiny.hidden=32",
+        "--set", "tiny.intermediate=64", "--set", "context_min=60", "--set", "context_max=80",
+        "--set", "train_context_min=60", "--set", "bootstrap=50",
+        "--set", "variants=full,snapkv,h2o,streamingllm,pyramidkv,adakv,entrokv_snapkv,entrokv_h2o,"
+        "entrokv_streamingllm,entrokv_alpha0,entrokv_alpha1,entrokv_perlayer,entrokv_qagnostic"]
+EVAL_METRICS = {"exact_match", "retention", "answer_nll", "kl_to_full", "kept_entries", "kept_fraction",
+                "memory_bytes", "overhead_ms", "budget_cv", "mean_entropy", "em_diff_ci_low", "em_diff_ci_high",
+                "alloc_corr_retrieval_aggregation"}
+ALLOCATION_COLUMNS = ["run_id", "variant", "task", "ratio", "example_id", "layer", "kv_head", "entropy", "signal",
+                      "budget_raw", "budget", "kept"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return train_eval_report("kv-compress", tmp_path_factory.mktemp("runs"), TINY)
+
+
+def test_every_spec_metric_tag_and_table(tiny_run):
+    frame = pq.read_table(tiny_run / "metrics.parquet").to_pandas()
+    assert {"train_loss", "val_loss", "val_exact_match"} <= set(frame.loc[frame["phase"] == "train", "metric"])
+    evaluated = frame[frame["phase"] == "eval"]
+    assert set(evaluated["metric"]) == EVAL_METRICS
+    assert set(evaluated["ratio"]) == {0.3, 1.0} and set(evaluated["window"]) == {16}
+    em = evaluated[evaluated["metric"] == "exact_match"]
+    assert len(set(em["variant"])) == 13
+    assert set(evaluated.loc[evaluated["variant"] == "entrokv_qagnostic", "question_aware"]) == {0}
+    assert set(evaluated.loc[evaluated["variant"] == "entrokv_perlayer", "scope"]) == {"per_layer"}
+    assert set(evaluated.loc[evaluated["variant"] == "entrokv_h2o", "operator"]) == {"h2o"}
+    alloc = pq.read_table(tiny_run / "allocations.parquet").to_pandas()
+    assert list(alloc.columns) == ALLOCATION_COLUMNS
+    assert len(alloc) == 13 * 2 * 3 * 2 * 4 * 2  # variants × ratios × tasks × examples × layers × KV heads
+    calibration = json.loads((tiny_run / "calibration.json").read_text())
+    entrokv = alloc[alloc["variant"] == "entrokv_alpha1"]
+    assert np.allclose(entrokv["signal"], entrokv["entropy"])  # α=1: the raw entropy
+    alpha_half = alloc[alloc["variant"] == "entrokv_snapkv"]
+    assert np.allclose(alpha_half["signal"], 0.5 * calibration["tiny"]["h_bar"] + 0.5 * alpha_half["entropy"])
+
+
+def test_report_has_tables_and_plots(tiny_run):
+    html = (tiny_run.parent.parent / "r.html").read_text()
+    for title in ("exact_match — kv_retrieval", "retention — aggregation", "Cost and fidelity at r=0.3",
+                  "Paired bootstrap 95% CI"):
+        assert title in html
+    assert html.count("data:image/png;base64,") == 5
+
+
+def test_calibrate_writes_h_bar_and_json(icml, tiny_run):
+    from icml.methods.kv_compress.config import preset
+    from icml.methods.kv_compress.config import TASKS
+    from icml.methods.kv_compress.data import generate_set
+    from icml.methods.kv_compress.pipeline import load_model, mean_entropy
+
+    result = icml("kv-compress", "calibrate", tiny_run, "--n", "2", "--json")
+    assert result.code == 0, result.err
+    out = result.json()
+    assert out["model"] == "tiny" and out["n"] == 2
+    cfg = preset("smoke")
+    cfg.tiny.hidden, cfg.tiny.intermediate, cfg.context_min, cfg.context_max = 32, 64, 60, 80
+    model, tokenizer = load_model(tiny_run, cfg, None, "cpu")
+    examples = generate_set(TASKS, 1, 0, 60, 80, "calibration")[:2]
+    assert out["h_bar"] == pytest.approx(mean_entropy(model, tokenizer, examples, cfg, "cpu"), abs=1e-12)
+    assert json.loads((tiny_run / "calibration.json").read_text())["tiny"]["h_bar"] == out["h_bar"]
+
+
+def test_entrokv_without_calibration_is_refused(icml):
+    result = icml("kv-compress", "train", *TINY, "--set", "calibrate_on_train=false", "--json")
+    assert result.code == 0, result.err
+    run = result.json()["run_dir"]
+    result = icml("kv-compress", "eval", run)
+    assert result.code == 2 and "calibration.json" in result.err and "h_bar" in result.err
+    assert "Traceback" not in result.err
+    assert [line for line in result.err.splitlines() if line.startswith("icml: error")] == \
+        result.err.strip().splitlines()[-1:]
+    result = icml("kv-compress", "train", *TINY, "--set", "calibrate_on_train=false", "--set", "h_bar=0.3",
+                  "--set", "variants=full,entrokv_snapkv", "--json")
+    run = result.json()["run_dir"]
+    assert icml("kv-compress", "eval", run, "--json").code == 0  # an explicit H̄ suffices
+
+
+def test_bad_input_is_one_line(icml, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"context": "k1 v1 ;", "question": "? k1"\n')
+    result = icml("kv-compress", "train", *TINY, "--data", bad)
+    assert result.code == 2 and "line 1 is not valid JSON" in result.err and "Traceback" not in result.err
+    result = icml("kv-compress", "train", "--set", "scope=everywhere")
+    assert result.code == 2 and "scope must be one of" in result.err
+    result = icml("kv-compress", "train", "--set", "variants=snapkv,entrokv_magic")
+    assert result.code == 2 and "entrokv_magic" in result.err
+
+
+def test_model_and_data_inputs(icml, tmp_path):
+    """A local HF checkpoint (no training) and a JSONL file in the LongBench schema, scored by token F1."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from icml.methods.kv_compress.data import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                         max_position_embeddings=256))
+    folder = tmp_path / "ckpt"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    data = tmp_path / "qa.jsonl"
+    rows = [{"context": " ".join(f"f{(i * j) % 30}" for j in range(50)) + " magic v3 ;", "input": "? magic =",
+             "answers": ["v3"]} for i in range(3)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    result = icml("kv-compress", "train", "--preset", "smoke", "--model", folder, "--data", data,
+                  "--set", "scoring=f1", "--set", "max_new_tokens=2", "--json")
+    assert result.code == 0, result.err
+    run = Path(result.json()["run_dir"])
+    assert str(folder.resolve()) in json.loads((run / "calibration.json").read_text())
+    result = icml("kv-compress", "eval", run, "--json")
+    assert result.code == 0, result.err
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    assert set(frame["task"].dropna()) == {"qa"}
+    assert set(frame.loc[frame["metric"] == "kept_entries", "variant"]) == {"full", "snapkv", "entrokv_snapkv"}
