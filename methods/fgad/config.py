@@ -69,8 +69,6 @@ def preset(name: str) -> FgadConfig:
         cfg.local_epochs = 1
         cfg.epochs = 20
         cfg.workers = 1
-    elif name == "default":  # 100 stage-2 epochs, not 200: keeps the 28-job grid < 15 min on 2 cores (README)
-        cfg.epochs = 100
     elif name == "paper":  # user .mat files (reddit, Tolokers, …) through --data; lr 5e-3 for Tolokers/Elliptic
         cfg.K = [10]
         cfg.rounds = 100
