@@ -17,8 +17,17 @@ from icml.cli.errors import UsageError
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
+def quiet_transformers() -> None:
+    """No transformers progress bars: the CLI's own progress (and --quiet) governs what is shown."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def tiny_model(cfg, vocab_size: int, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    quiet_transformers()
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=cfg.tiny.hidden, num_hidden_layers=cfg.tiny.layers,
@@ -33,6 +42,7 @@ def load_checkpoint(path: str | Path):
     """(model, tokenizer) of a local HF causal-LM directory, eager attention, eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    quiet_transformers()
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, attn_implementation="eager")
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
