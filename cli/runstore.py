@@ -16,7 +16,7 @@ import tempfile
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import UsageError
 
@@ -38,6 +38,25 @@ def atomic_write_text(path: Path, text: str) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) into a sibling file, then rename it onto `path`: readers and an interrupted run
+    never see a half-written file. The temporary name keeps the suffix (np.savez adds .npz otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    import torch
+
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -20,7 +20,6 @@ Same seed on CPU → bit-identical curves and evaluations.
 """
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import Callable
 import numpy as np
 import torch
 from torch.nn import functional as F
+
+from icml.cli.runstore import atomic_torch_save
 
 from .agents import DTYPE, FILTER_ARMS, Agent, build_agent, memory_size
 from .config import BeliefFilterConfig
@@ -205,12 +206,6 @@ def _tags(cfg: BeliefFilterConfig, arm: str, seed: int, step: int, split: str) -
     return row
 
 
-def _save_atomic(obj: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
 
 def _load(path: Path, device: str) -> dict:
     # our own file, holding numpy/python RNG states next to the tensors
@@ -250,7 +245,7 @@ def train_arm(cfg: BeliefFilterConfig, arm: str, seed: int, checkpoint_path: Pat
     def checkpoint(done: bool) -> None:
         # Training draws only from `generator`; the global torch/numpy/python states are
         # recorded for completeness and are not restored on resume.
-        _save_atomic({"arm": arm, "seed": seed, "model": agent.state_dict(),
+        atomic_torch_save({"arm": arm, "seed": seed, "model": agent.state_dict(),
                       "optimizer": optimizer.state_dict(), "step": step, "update": update,
                       "curve": curve, "done": done,
                       "rng": {"generator": generator.get_state(), "torch": torch.get_rng_state(),

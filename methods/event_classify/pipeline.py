@@ -10,11 +10,11 @@ latency and throughput, and the N-scaling and fixed-S sweeps; write profile.parq
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
+from icml.cli.runstore import atomic_torch_save, atomic_write
 from icml.methods.event_classify.config import CNN_VARIANTS, POINT_VARIANTS
 from icml.methods.event_classify.training import Budget
 
@@ -24,12 +24,6 @@ TRAIN_METRICS = ("loss", "train_acc", "val_window_acc", "learned_w")
 def data_file(ctx: RunContext, dataset: str, n_points: int) -> Path:
     return ctx.checkpoints / "data" / f"{dataset}_n{n_points}.npz"
 
-
-def _atomic_save(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp" + path.suffix)
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def prepare(ctx: RunContext) -> list[dict]:
@@ -61,7 +55,7 @@ def prepare(ctx: RunContext) -> list[dict]:
         for n in sorted(sizes):
             train = make_clouds(events, train_idx, cfg, n, ctx.seed, augment=True)
             test = make_clouds(events, test_idx, cfg, n, ctx.seed + 1, augment=False)
-            _atomic_save(data_file(ctx, dataset, n), lambda p: np.savez(
+            atomic_write(data_file(ctx, dataset, n), lambda p: np.savez(
                 p, train_x=train.x, train_y=train.y, train_mark=train.mark, test_x=test.x, test_y=test.y,
                 test_mark=test.mark, classes=np.array(events.classes), sensor=np.array(events.sensor)))
             ctx.log(f"  N={n}: {len(train)} training clouds (augmented), {len(test)} test clouds, "
@@ -123,7 +117,7 @@ def train(ctx: RunContext) -> None:
         ctx.record([r for r in rows if r["metric"] in TRAIN_METRICS], split="train")
         ctx.log("  " + _summary([r for r in rows if r["metric"] == "val_window_acc"], job))
         saved["states"][job[1]] = state
-        _atomic_save(path, lambda p: torch.save(saved, p))
+        atomic_torch_save(saved, path)
 
     run_jobs(ctx, jobs, done)
     (ctx.checkpoints / "preprocessing.json").write_text(json.dumps({

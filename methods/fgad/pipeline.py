@@ -10,7 +10,6 @@ eval: turns every job's selected scores into the spec's metrics (per group, clie
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
+from icml.cli.runstore import atomic_torch_save
 
 VIEW_ABLATIONS = ("view_attr", "view_smooth", "view_signed", "euclidean")
 
@@ -156,14 +156,6 @@ def job_path(ctx: RunContext, spec: JobSpec) -> Path:
     return ctx.checkpoints / "jobs" / f"{spec.key}.pt"
 
 
-def _save(obj, path: Path) -> None:
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
 
 def _load(ctx: RunContext, spec: JobSpec):
     import torch
@@ -209,7 +201,7 @@ def train(ctx: RunContext) -> None:
     todo = [spec for spec in jobs if not job_path(ctx, spec).exists()]  # --resume: a job is the unit
 
     def done(spec: JobSpec, job):
-        _save(job, job_path(ctx, spec))
+        atomic_torch_save(job, job_path(ctx, spec))
         ctx.record(_loss_rows(spec, job, {**tags, "inject_id": graphs[spec.seed][2]}), split="train")
         for c, s in job.missing:
             ctx.log(f"warning: {spec.key}: client {c} has no anomaly in split {s} (too few anomalies to move)")
@@ -263,8 +255,8 @@ def _write_partitions(ctx: RunContext, jobs: list[JobSpec]) -> None:
                                     "K": spec.K, "seed": spec.seed, "partition": spec.partition}))
         if spec.kind == "mvfgad" and spec.partition == "louvain":  # the spec's checkpoint layout
             folder = ctx.checkpoints / spec.key
-            _save(job.checkpoint.get("global_gcn"), folder / "global_gcn.pt")
-            _save(job.checkpoint.get("clients"), folder / "clients.pt")
+            atomic_torch_save(job.checkpoint.get("global_gcn"), folder / "global_gcn.pt")
+            atomic_torch_save(job.checkpoint.get("clients"), folder / "clients.pt")
     ctx.write_table("partition", pd.concat(frames, ignore_index=True))
 
 

@@ -3,11 +3,11 @@ initial weights and batches; eval measures every run's final val_loss on more ba
 the grid and runs the Ψ_p accuracy/speed study."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
+from icml.cli.runstore import atomic_torch_save
 
 
 def _grid(ctx: RunContext):
@@ -22,14 +22,6 @@ def _grid(ctx: RunContext):
 def run_path(ctx: RunContext, variant: str, multiplier: float) -> Path:
     return ctx.checkpoints / "runs" / f"{variant}_x{multiplier:g}.pt"
 
-
-def _save(state: dict, path: Path) -> None:
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
 
 
 # The grid of this process: the parent's, or one a worker rebuilt for its first job.
@@ -50,7 +42,7 @@ def _train_job(cfg, seed: int, variant: str, multiplier: float, device: str, pat
         _worker_grid = prepare_grid(cfg, seed)
     with single_thread():  # small matrices, and step_ms that the other process cannot stall
         rows, state = train_one(cfg, variant, multiplier, _worker_grid.model_init, _worker_grid.batches, device)
-    _save({"variant": variant, "lr_multiplier": multiplier, **state}, path)
+    atomic_torch_save({"variant": variant, "lr_multiplier": multiplier, **state}, path)
     return rows, {k: state[k] for k in ("final_val_loss", "diverged", "step_ms")}
 
 
