@@ -291,6 +291,17 @@ def test_grid_summary_closed_forms():
     assert len(summary) == 4 * 3 + 2
 
 
+def test_grid_summary_breaks_ties_by_lr_not_by_row_order():
+    """With workers > 1 runs are recorded in completion order; a tie (here every mSGD run
+    diverged, all at ln V) must still pick the same run: the smallest LR."""
+    frame = hand_made_grid()
+    frame.loc[frame["variant"] == "mSGD", "value"] = float("nan")
+    for order in (frame, frame.iloc[::-1]):
+        best = {r["variant"]: r for r in grid_summary(order, vocab_size=50) if r["metric"] == "best_val_loss"}
+        assert best["mSGD"]["lr_multiplier"] == 0.1 and best["mSGD"]["value"] == pytest.approx(math.log(50))
+        assert best["Adam"]["lr_multiplier"] == 0.1 and best["AdamS"]["lr_multiplier"] == 3.0
+
+
 def test_grid_summary_reads_train_one_rows(grid):
     cfg = small_config(steps=4, val_every=2)
     rows = []

@@ -264,6 +264,9 @@ def grid_summary(rows_or_frame: Iterable[dict] | pd.DataFrame, vocab_size: int) 
     rows: list[dict] = []
     best_by_variant: dict[str, float] = {}
     for variant, grid in runs.groupby("variant", sort=False):
+        # Ties (e.g. every LR diverged, all at ln V) go to the smallest LR, whatever order the
+        # runs finished in: with workers > 1 rows arrive in completion order.
+        grid = grid.sort_values("lr_multiplier", kind="stable")
         best = grid.loc[grid["effective_loss"].idxmin()]
         common = {"variant": variant, "family": best["family"], "p": float(best["p"]), "split": "val",
                   "step": int(grid["step"].max())}
