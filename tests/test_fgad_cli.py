@@ -72,6 +72,10 @@ def test_tables_and_run_record(tiny_run, metrics):
     clients = pq.read_table(tiny_run / "client_metrics.parquet").to_pandas()
     assert {"run_id", "variant", "seed", "K", "client", "n_nodes", "n_anom", "group", "auroc", "ap"} <= set(
         clients.columns)
+    histogram = pq.read_table(tiny_run / "score_histogram.parquet").to_pandas()
+    assert set(histogram["group"]) == {"normal", "str_strong", "str_weak", "ctx_strong", "ctx_weak"}
+    for _, curve in histogram.groupby("group"):  # a density over 20 bins of width 0.05
+        assert curve["density"].sum() * 0.05 == pytest.approx(1.0, abs=1e-9)
     info = json.loads((tiny_run / "run.json").read_text())["injection"]
     params = info["groups_per_seed"]["123"]
     assert params["m_strong"] == 15 and params["p_drop_weak"] == 0.5 and params["seed"] == 123

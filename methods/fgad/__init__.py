@@ -18,10 +18,10 @@ METHOD = Method(
     preset=preset,
     validate=validate,
     tags={"K": "int64", "group": "string", "agg": "string", "partition": "string", "dataset": "string",
-          "inject_id": "string", "stage": "string", "client": "int64", "bin": "float64"},
+          "inject_id": "string", "stage": "string"},
     metrics={"auroc": HIGHER, "ap": HIGHER, "recall_at_k": HIGHER, "val_auroc": HIGHER,
              "comm_bytes_per_round": LOWER, "comm_bytes_total": LOWER, "params_shared": None,
              "params_private": None, "wall_s": LOWER, "cut_edge_frac": None, "u_density": None, "loss": LOWER,
-             "client_auroc": None, "client_nodes": None, "moved_nodes": None, "score_density": None},
+             "moved_nodes": None},
     variants=tuple(VARIANTS),
 )

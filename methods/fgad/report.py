@@ -138,28 +138,28 @@ def _weak_vs_strong(frame: pd.DataFrame):
     return figure
 
 
-def _client_dots(frame: pd.DataFrame):
-    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "client_auroc")]
+def _client_dots(clients: pd.DataFrame):
+    rows = clients[clients["group"] == "all"]
     k_max = rows["K"].max()
     rows = rows[(rows["K"] == k_max)]
     variants = [v for v in ORDER if v in set(rows["variant"])]
     figure, axis = new_axes(f"Per-client test AUROC (K={k_max}, every seed)", "variant", "AUROC")
     for i, variant in enumerate(variants):
-        values = rows[rows["variant"] == variant]["value"].dropna()
+        values = rows[rows["variant"] == variant]["auroc"].dropna()
         jitter = np.random.default_rng(i).uniform(-0.15, 0.15, len(values))
         axis.scatter(i + jitter, values, s=10, alpha=0.7)
     axis.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=7)
     return figure
 
 
-def _partition_stats(frame: pd.DataFrame):
+def _partition_stats(frame: pd.DataFrame, clients: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-    sizes = frame[(frame["phase"] == "eval") & (frame["metric"] == "client_nodes") & (frame["variant"] == "mvfgad")]
+    sizes = clients[(clients["variant"] == "mvfgad") & (clients["group"] == "all")]
     cuts = frame[(frame["phase"] == "eval") & (frame["metric"] == "cut_edge_frac")]
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for k, group in sizes[sizes["seed"] == sizes["seed"].min()].groupby("K"):
-        values = np.sort(group["value"].to_numpy())[::-1]
+        values = np.sort(group["n_nodes"].to_numpy())[::-1]
         left.plot(np.arange(len(values)), values, marker="o", label=f"K={int(k)}")
     left.set_title("Client sizes (Louvain, capped and balanced)")
     left.set_xlabel("client (largest first)")
@@ -174,27 +174,30 @@ def _partition_stats(frame: pd.DataFrame):
     return figure
 
 
-def _score_histograms(frame: pd.DataFrame):
-    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "score_density")]
-    k = int(rows["K"].iloc[0])
-    figure, axis = new_axes(f"mvfgad test scores (K={k}, seed {int(rows['seed'].iloc[0])})", "fused score",
+def _score_histograms(histogram: pd.DataFrame):
+    k = int(histogram["K"].iloc[0])
+    figure, axis = new_axes(f"mvfgad test scores (K={k}, seed {int(histogram['seed'].iloc[0])})", "fused score",
                             "density")
-    for group, curve in rows.groupby("group", sort=False):
+    for group, curve in histogram.groupby("group", sort=False):
         curve = curve.sort_values("bin")
-        axis.plot(curve["bin"], curve["value"], label=group, lw=2.5 if group == "normal" else 1.2,
+        axis.plot(curve["bin"], curve["density"], label=group, lw=2.5 if group == "normal" else 1.2,
                   color="black" if group == "normal" else None)
     axis.legend(fontsize=7)
     return figure
 
 
-def plots(frame: pd.DataFrame, config) -> list:
+def plots(frame: pd.DataFrame, config, run=None) -> list:
+    """The per-client and score-histogram plots read client_metrics / score_histogram.parquet."""
     evaluated = frame[frame["phase"] == "eval"]
     if evaluated.empty:
         return []
-    out = [("AUROC vs K", _auroc_vs_k(frame)), ("weak vs strong", _weak_vs_strong(frame)),
-           ("per-client AUROC", _client_dots(frame))]
-    if not evaluated[evaluated["metric"] == "client_nodes"].empty:
-        out.append(("partition statistics", _partition_stats(frame)))
-    if not evaluated[evaluated["metric"] == "score_density"].empty:
-        out.append(("score histograms", _score_histograms(frame)))
+    out = [("AUROC vs K", _auroc_vs_k(frame))]
+    if set(evaluated["group"].dropna()) & set(GROUP_ORDER[1:]):  # a user file has no anomaly types
+        out.append(("weak vs strong", _weak_vs_strong(frame)))
+    clients = run.table("client_metrics") if run is not None else None
+    if clients is not None and not clients.empty:
+        out += [("per-client AUROC", _client_dots(clients)), ("partition statistics", _partition_stats(frame, clients))]
+    histogram = run.table("score_histogram") if run is not None else None
+    if histogram is not None and not histogram.empty:
+        out.append(("score histograms", _score_histograms(histogram)))
     return out
