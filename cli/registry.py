@@ -11,6 +11,7 @@ from .errors import UsageError
 from .method import Method
 
 METHODS: dict[str, str] = {
+    "attribute-motion": "icml.methods.attribute_motion",
     "belief-filter": "icml.methods.belief_filter",
     "event-classify": "icml.methods.event_classify",
     "fgad": "icml.methods.fgad",

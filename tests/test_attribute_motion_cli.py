@@ -1,0 +1,169 @@
+"""`icml attribute-motion` end to end on a tiny config: train → select → eval → report, every spec
+metric and table, the `select` verb (budget, custom queries, cache), --json, --model, --data and
+bad inputs (one line, no traceback)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ALL_SELECTORS = "motive,motive_dense,no_mask,indep_noise,no_length_norm,mean_agg,random,flow_magnitude,appearance_match"
+TINY = ["--preset", "smoke", "--set", "clips.n_pretrain=40", "--set", "clips.n_pool=30", "--set", "clips.n_queries=2",
+        "--set", "clips.n_heldout=6", "--set", "unet.steps=4", "--set", "unet.batch_size=4",
+        "--set", "unet.block_out_channels=8,16,16", "--set", "unet.sample_steps=2", "--set", "eval.evaluator_clips=40",
+        "--set", "eval.evaluator_steps=3", "--set", "finetune.steps=2", "--set", "finetune.batch_size=4",
+        "--set", "eval.n_videos=4", "--set", "attr.dim=32", "--set", "attr.cos_subset=6", "--set", "attr.chunk=8",
+        "--set", f"selectors={ALL_SELECTORS}", "--set", "arms=motive,full,random", "--set", "attr.attr_seeds=0,1"]
+SPEC_METRICS = {"p_at_k", "ap", "appearance_outrank_rate", "decoy_rate", "length_spearman", "seed_spearman",
+                "proj_cos_err", "dynamic_degree", "motion_smoothness", "subject_consistency", "target_motion_acc",
+                "win_rate_vs_base", "fm_loss_heldout", "featurize_s_per_clip", "finetune_s"}
+SCORE_COLUMNS = ["run_id", "variant", "attr_seed", "target_motion", "query_id", "clip_id", "score", "votes", "rank",
+                 "selected", "motion", "shape", "colour", "background", "valid_len", "decoy_type"]
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    from icml.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
+def ok(*argv) -> dict | None:
+    code, out, err = cli(*argv)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.strip()]
+    return json.loads(lines[0]) if "--json" in argv else None
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    trained = ok("attribute-motion", "train", *TINY, "--runs-dir", runs, "--json")
+    path = Path(trained["run_dir"])
+    selected = ok("attribute-motion", "select", path, "--target", "orbit", "--variant", "no_mask", "--json")
+    assert len(selected["clip_ids"]) == 3 and Path(selected["path"]).exists()
+    ok("attribute-motion", "eval", path, "--runs-dir", runs, "--json")
+    ok("attribute-motion", "report", path, "--format", "html", "--out", runs / "r.html", "--runs-dir", runs)
+    return path
+
+
+def test_every_spec_metric_and_tag_is_recorded(run):
+    frame = pd.read_parquet(run / "metrics.parquet")
+    train, evaluated = frame[frame["phase"] == "train"], frame[frame["phase"] == "eval"]
+    assert set(train["metric"]) == {"loss", "evaluator_acc"}
+    assert SPEC_METRICS <= set(evaluated["metric"])
+    retrieval = evaluated[evaluated["metric"] == "ap"]
+    assert set(retrieval["variant"]) == set(ALL_SELECTORS.split(","))
+    assert set(evaluated.loc[evaluated["metric"] == "p_at_k", "k"]) == {3, 10}  # the budget and 10
+    seeds = evaluated[evaluated["metric"] == "seed_spearman"]
+    assert set(seeds["variant"]) == {"motive", "indep_noise", "no_length_norm", "mean_agg", "random"}
+    assert set(evaluated.loc[evaluated["metric"] == "proj_cos_err", "proj"]) == {"fastfood", "dense"}
+    assert set(evaluated.loc[evaluated["metric"] == "target_motion_acc", "variant"]) == {"base", "motive", "full", "random"}
+    nl = evaluated[(evaluated["variant"] == "no_length_norm") & (evaluated["metric"] == "ap")]
+    assert set(nl["length_norm"]) == {"none"} and set(nl["mask"]) == {"on"}
+    assert set(evaluated.loc[evaluated["variant"] == "no_mask", "mask"].dropna()) == {"off"}
+    assert set(evaluated.loc[evaluated["variant"] == "mean_agg", "agg"]) == {"mean"}
+    finetune = evaluated[evaluated["metric"] == "finetune_s"]
+    assert set(finetune["variant"]) == {"motive", "full", "random"}
+
+
+def test_scores_table_has_the_spec_columns_and_signed_selection(run):
+    scores = pd.read_parquet(run / "scores.parquet")
+    assert list(scores.columns) == SCORE_COLUMNS
+    agg = scores[(scores["variant"] == "motive") & (scores["query_id"] == -1) & (scores["attr_seed"] == 0)]
+    assert len(agg) == 30 and sorted(agg["rank"]) == list(range(30))
+    assert (agg["selected"] == 1).sum() == 3 and (agg["selected"] == -1).sum() == 3
+    top = agg.sort_values("rank")
+    assert set(top["selected"].head(3)) == {1}
+    per_query = scores[(scores["variant"] == "motive") & (scores["query_id"] >= 0) & (scores["attr_seed"] == 0)]
+    assert per_query["query_id"].nunique() == 2
+    clips = pd.read_parquet(run / "clips.parquet")
+    assert {"clip_id", "split", "motion", "shape", "hue", "background", "valid_len", "decoy_type", "seed"} <= set(clips)
+
+
+def test_full_arm_gets_the_same_step_budget_and_features_are_cached(run):
+    features = list((run / "checkpoints" / "features").glob("*/*/meta.json"))
+    groups = {p.parent.parent.name for p in features}
+    assert groups == {"motive", "no_mask", "indep_noise"}
+    assert (run / "checkpoints" / "base" / "config.json").exists() and (run / "checkpoints" / "samples.npz").exists()
+    before = {p: p.stat().st_mtime_ns for p in features}
+    result = ok("attribute-motion", "select", run, "--variant", "motive", "--frac", "0.2", "--json")
+    assert len(result["clip_ids"]) == 6
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # served from the cache
+
+
+def test_report_renders_tables_and_plots(run):
+    html = (run.parent.parent / "r.html").read_text()
+    for title in ("Retrieval per selector", "Fine-tuning arms side by side", "score distributions",
+                  "score vs valid length", "p at k curves", "projected vs exact cosines", "top clips per query",
+                  "motion masks", "arms target motion dynamic degree win rate", "generated frames per arm"):
+        assert title in html
+    assert html.count("data:image/png;base64,") == 8
+
+
+def test_select_with_a_folder_of_query_clips(run, tmp_path):
+    queries = tmp_path / "queries"
+    queries.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(queries / "q1.npy", rng.integers(0, 255, (8, 16, 16, 3), dtype=np.uint8))
+    np.save(queries / "q2.npy", rng.integers(0, 255, (5, 32, 32, 3), dtype=np.uint8))
+    result = ok("attribute-motion", "select", run, "--variant", "motive", "--queries", queries, "--json")
+    assert len(result["clip_ids"]) == 3
+    code, _, err = cli("attribute-motion", "select", run, "--variant", "nonsense")
+    assert code == 1 and "unknown selector 'nonsense'" in err and "Traceback" not in err
+    code, _, err = cli("attribute-motion", "select", run, "--queries", tmp_path / "missing")
+    assert code == 1 and "is not a folder" in err
+
+
+def test_local_model_directory_replaces_pretraining(tmp_path):
+    from icml.methods.attribute_motion.model import build_unet
+
+    model_dir = tmp_path / "unet"
+    build_unet(8, 16, [8, 16, 16], 1, seed=0).save_pretrained(model_dir)
+    result = ok("attribute-motion", "train", *TINY, "--model", model_dir, "--runs-dir", tmp_path / "runs", "--json")
+    frame = pd.read_parquet(Path(result["run_dir"]) / "metrics.parquet")
+    assert "loss" not in set(frame["metric"])  # no pretraining: the given model is the base
+
+
+def test_user_clip_folder_trains(tmp_path):
+    root = tmp_path / "clips"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    rows = ["clip_id,prompt_id,split"]
+    for i in range(12):
+        np.save(root / f"c{i}.npy", rng.integers(0, 255, (6, 24, 24, 3), dtype=np.uint8))
+        rows.append(f"c{i},{12 + i % 3},{['pretrain', 'pool', 'pool', 'query'][i % 4]}")
+    (root / "captions.csv").write_text("\n".join(rows) + "\n")
+    result = ok("attribute-motion", "train", *TINY, "--data", root, "--runs-dir", tmp_path / "runs", "--json")
+    clips = pd.read_parquet(Path(result["run_dir"]) / "clips.parquet")
+    assert (clips["split"] == "pool").sum() == 6 and set(clips.loc[clips["split"] == "query", "query_target"]) == {"orbit"}
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--set", "selectors=motive,oracle"], 2, "unknown selectors ['oracle']"),
+    (["--set", "attr.length_norm=sqrt"], 2, "attr.length_norm must be one of frames, mask_sum, none"),
+    (["--set", "clips.targets=spin"], 2, "clips.targets ['spin']"),
+    (["--set", "attr.patch=3"], 2, "attr.patch (3) must divide clips.size (16)"),
+])
+def test_bad_config_is_one_line(tmp_path, argv, code, message):
+    result = cli("attribute-motion", "train", *argv, "--runs-dir", tmp_path)
+    assert result[0] == code and message in result[2] and "Traceback" not in result[2]
+    assert not (tmp_path / "attribute-motion").exists()  # nothing created
+
+
+def test_bad_data_folder_is_one_line(tmp_path):
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    code, _, err = cli("attribute-motion", "train", *TINY, "--data", folder, "--runs-dir", tmp_path / "runs")
+    lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
+    assert code == 1 and len(lines) == 1 and "captions.csv' is missing" in lines[0] and "Traceback" not in err

@@ -1,0 +1,206 @@
+"""attribute-motion data and evaluation: the moving-sprite generator (factors, analytic flow,
+padding, decoys), the user-clip loader on small hand-made folders (incl. malformed ones), the flow
+estimators and the VBench-style metrics on videos with known answers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from icml.data.videos import (NULL_PROMPT, VideoDataError, load_clip_folder, make_clip, prompt_id, random_spec)
+from icml.methods.attribute_motion.flow import estimate_flow, lucas_kanade
+from icml.methods.attribute_motion.vbench import AppearanceNet, dynamic_degree, motion_smoothness, subject_consistency
+
+
+def spec(motion, seed=0, **kw):
+    return random_spec(np.random.default_rng(seed), motion, **kw)
+
+
+def test_generator_is_deterministic_and_in_range():
+    a, b = make_clip(spec("orbit", 1)), make_clip(spec("orbit", 1))
+    assert np.array_equal(a.frames, b.frames) and np.array_equal(a.flow, b.flow)
+    assert a.frames.shape == (8, 16, 16, 3) and a.frames.dtype == np.float32
+    assert -1 <= a.frames.min() and a.frames.max() <= 1
+
+
+def test_padding_repeats_the_last_valid_frame_and_zeroes_its_flow():
+    clip = make_clip(spec("right", 2, valid_len=4))
+    assert clip.valid.tolist() == [True] * 4 + [False] * 4
+    assert all(np.array_equal(clip.frames[f], clip.frames[3]) for f in range(4, 8))
+    assert np.count_nonzero(clip.flow[3:]) == 0
+
+
+def test_analytic_flow_is_the_sprite_displacement_on_sprite_pixels():
+    s = spec("diagonal", 3, valid_len=8)
+    clip = make_clip(s)
+    step = s.speed
+    moving = np.abs(clip.flow[0]).sum(0) > 0
+    assert moving.any()
+    assert np.allclose(clip.flow[0, 0][moving], step) and np.allclose(clip.flow[0, 1][moving], step)
+    assert np.count_nonzero(make_clip(spec("static", 3)).flow) == 0
+
+
+def test_camera_pan_moves_the_background_and_keeps_the_sprite():
+    s = spec("static", 4, pan=True, valid_len=8, decoy_type="pan")
+    clip = make_clip(s)
+    background = np.abs(clip.flow[0]).sum(0) > 0
+    assert background.mean() > 0.7  # most pixels are background and carry the pan
+    assert np.allclose(np.hypot(*clip.flow[0][:, background]), s.pan, atol=1e-5)
+    assert s.background != "flat"  # a pan over a flat background would be invisible
+
+
+def test_appearance_twin_copies_the_look_not_the_motion():
+    from icml.data.videos import appearance_of
+
+    query = spec("orbit", 5)
+    twin = random_spec(np.random.default_rng(9), "right", appearance=appearance_of(query), decoy_type="twin")
+    assert (twin.shape, twin.hue, twin.background, twin.bg_seed) == (query.shape, query.hue, query.background, query.bg_seed)
+    assert twin.motion == "right" and twin.prompt_id != query.prompt_id
+
+
+def test_prompt_ids_cover_motion_times_shape():
+    ids = {prompt_id(m, s) for m in ("static", "right", "down", "diagonal", "orbit", "bounce", "jitter")
+           for s in ("square", "disk", "cross")}
+    assert ids == set(range(21)) and NULL_PROMPT == 21
+
+
+def write_folder(root, clips=None, captions=None):
+    root.mkdir(exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name in clips or ("a", "b", "c"):
+        np.save(root / f"{name}.npy", rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8))
+    (root / "captions.csv").write_text(captions or "clip_id,prompt_id,split\na,3,pretrain\nb,,pool\nc,12,query\n")
+    return root
+
+
+def test_loader_reads_npy_npz_and_png_folders(tmp_path):
+    import matplotlib.image as mpimg
+
+    root = write_folder(tmp_path / "clips")
+    np.savez(root / "d.npz", clip=np.full((10, 16, 16, 3), 255, np.uint8))
+    frames = root / "e"
+    frames.mkdir()
+    for f in range(3):
+        mpimg.imsave(frames / f"{f:03d}.png", np.full((20, 20, 3), f * 100, np.uint8))
+    (root / "captions.csv").write_text("clip_id,prompt_id,split\na,3,pretrain\nb,,pool\nc,12,query\nd,0,pool\ne,1,pool\n")
+    splits = load_clip_folder(root, frames=8, size=16)
+    assert [c for c, _ in splits["pool"]] == ["b", "d", "e"]
+    clip_b = splits["pool"][0][1]
+    assert clip_b.frames.shape == (8, 16, 16, 3) and clip_b.valid_len == 6 and clip_b.prompt_id == NULL_PROMPT
+    assert clip_b.flow is None
+    clip_d = splits["pool"][1][1]
+    assert clip_d.valid_len == 8 and np.allclose(clip_d.frames, 1.0)  # cut to 8 frames, 255 → 1
+    clip_e = splits["pool"][2][1]
+    assert clip_e.valid_len == 3 and clip_e.frames[0].max() == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("captions, clips, message", [
+    (None, None, None),
+    ("clip_id,split\na,pool\n", None, "needs the header"),
+    ("clip_id,prompt_id,split\na,3,train\n", None, "split 'train'"),
+    ("clip_id,prompt_id,split\na,x,pool\n", None, "prompt_id 'x' is not an integer"),
+    ("clip_id,prompt_id,split\na,40,pool\n", None, "outside 0..21"),
+    ("clip_id,prompt_id,split\nzz,1,pool\n", None, "no clip 'zz'"),
+    ("clip_id,prompt_id,split\na,1,pool\nb,1,query\n", None, "no clip with split 'pretrain'"),
+])
+def test_loader_rejects_malformed_folders_in_one_line(tmp_path, captions, clips, message):
+    root = write_folder(tmp_path / "clips", captions=captions)
+    if message is None:  # the well-formed folder loads; removing captions.csv breaks it
+        assert len(load_clip_folder(root)["query"]) == 1
+        (root / "captions.csv").unlink()
+        message = "captions.csv' is missing"
+    with pytest.raises(VideoDataError) as info:
+        load_clip_folder(root)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_loader_rejects_corrupt_and_misshapen_arrays(tmp_path):
+    root = write_folder(tmp_path / "clips")
+    (root / "b.npy").write_bytes(b"not a numpy file")
+    with pytest.raises(VideoDataError, match="not a readable numpy array"):
+        load_clip_folder(root)
+    np.save(root / "b.npy", np.zeros((4, 16, 16), np.uint8))
+    with pytest.raises(VideoDataError, match=r"expected \(T, H, W, 3\)"):
+        load_clip_folder(root)
+
+
+def smooth_pattern(shift_x: float, shift_y: float, size: int = 16) -> torch.Tensor:
+    ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32), torch.arange(size, dtype=torch.float32),
+                            indexing="ij")
+    x, y = xs - shift_x, ys - shift_y
+    return 0.5 + 0.2 * torch.sin(2 * np.pi * x / 12) + 0.2 * torch.cos(2 * np.pi * y / 11 + 0.5 * torch.sin(x / 4))
+
+
+def test_lucas_kanade_recovers_a_subpixel_translation():
+    a, b = smooth_pattern(0, 0)[None], smooth_pattern(0.6, -0.4)[None]
+    flow = lucas_kanade(a, b)
+    interior = flow[0, :, 4:-4, 4:-4]
+    assert interior[0].mean().item() == pytest.approx(0.6, abs=0.08)
+    assert interior[1].mean().item() == pytest.approx(-0.4, abs=0.08)
+
+
+def moving_video(step: float, frames: int = 8) -> torch.Tensor:
+    gray = torch.stack([smooth_pattern(step * f, 0) for f in range(frames)])
+    return (gray[..., None].expand(-1, -1, -1, 3) * 2 - 1)[None]
+
+
+def test_dynamic_degree_follows_the_vbench_rule():
+    video = torch.zeros(2, 8, 16, 16, 3)
+    flow = torch.zeros(2, 7, 2, 16, 16)
+    threshold = 6 * 16 / 256
+    flow[0, :2, 0] = threshold * 1.5  # two pairs above the threshold: round(4·8/16) = 2 needed → dynamic
+    flow[1, :1, 0] = threshold * 1.5  # one pair only → static
+    assert dynamic_degree(video, flow=flow).tolist() == [1.0, 0.0]
+    assert dynamic_degree(moving_video(1.0)).item() == 1.0
+    assert dynamic_degree(moving_video(0.0)).item() == 0.0
+
+
+def test_motion_smoothness_is_one_for_static_and_linear_videos():
+    assert motion_smoothness(moving_video(0.0)).item() == pytest.approx(1.0, abs=1e-6)
+    frames = torch.linspace(-1, 1, 8)[:, None, None, None].expand(8, 16, 16, 3)[None]  # linear in time
+    assert motion_smoothness(frames, interp="linear").item() == pytest.approx(1.0, abs=1e-6)
+    flickering = frames.clone()
+    flickering[:, 1::2] *= -1
+    assert motion_smoothness(flickering, interp="linear").item() < 0.9
+
+
+def test_subject_consistency_is_one_for_a_frozen_video():
+    torch.manual_seed(0)
+    net = AppearanceNet().eval()
+    frozen = moving_video(0.0)
+    assert subject_consistency(frozen, net).item() == pytest.approx(1.0, abs=1e-5)
+    noisy = torch.rand(1, 8, 16, 16, 3) * 2 - 1
+    assert subject_consistency(noisy, net).item() <= 1.0
+
+
+def test_estimated_flow_pads_the_last_frame_with_zero():
+    flow = estimate_flow(moving_video(1.0))
+    assert flow.shape == (1, 8, 2, 16, 16) and torch.count_nonzero(flow[:, -1]) == 0
+
+
+def test_pool_composition_follows_the_spec():
+    from icml.methods.attribute_motion.clips import synthetic
+    from icml.methods.attribute_motion.config import preset
+
+    cfg = preset("default")
+    cfg.clips.n_pretrain, cfg.clips.n_pool, cfg.clips.n_queries, cfg.clips.n_heldout = 100, 100, 4, 4
+    sets = synthetic(cfg, seed=0)
+    table = sets.table
+    pool = table[table["split"] == "pool"]
+    assert len(pool) == 100 and (pool["motion"] == "orbit").sum() == 10 and (pool["motion"] == "diagonal").sum() == 10
+    assert (pool["decoy_type"] == "twin").sum() == 5 and (pool["decoy_type"] == "pan").sum() == 10
+    assert (pool["decoy_type"] == "jitter").sum() >= 10  # 10% jitter decoys plus random jitter clips
+    twins = pool[pool["decoy_type"] == "twin"]
+    queries = table[table["split"] == "query"]
+    looks = set(zip(queries["shape"], queries["hue"], queries["bg_seed"]))
+    assert all(look in looks for look in zip(twins["shape"], twins["hue"], twins["bg_seed"]))
+    assert not set(twins["motion"]) & {"orbit", "diagonal"}
+    assert sorted(queries["query_target"].value_counts().tolist()) == [4, 4]
+    assert set(pool["valid_len"]) == {4, 6, 8} and not (pool["clip_id"].isin(queries["clip_id"])).any()
+    from dataclasses import fields
+
+    from icml.data.videos import ClipSpec
+
+    assert {f.name for f in fields(ClipSpec)} | {"clip_id", "split", "seed"} <= set(table.columns)  # every factor
+    again = synthetic(cfg, seed=0)
+    assert np.array_equal(sets.videos, again.videos) and table.equals(again.table)
