@@ -26,6 +26,23 @@ class Result:
         return json.loads(lines[0])
 
 
+def invoke(*argv) -> Result:
+    """The CLI in-process without pytest's capture fixtures, for module-scoped fixtures (which
+    cannot use capsys); pass --runs-dir explicitly."""
+    import contextlib
+    import io
+
+    from icml.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return Result(code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture
 def icml(capsys, monkeypatch, tmp_path):
     """icml(*argv) -> Result, in-process; runs land in tmp_path/runs unless --runs-dir is given."""

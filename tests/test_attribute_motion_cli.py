@@ -3,14 +3,14 @@ metric and table, the `select` verb (budget, custom queries, cache), --json, --m
 bad inputs (one line, no traceback)."""
 from __future__ import annotations
 
-import contextlib
-import io
-import json
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from conftest import invoke
 
 ALL_SELECTORS = "motive,motive_dense,no_mask,indep_noise,no_length_norm,mean_agg,random,flow_magnitude,appearance_match"
 TINY = ["--preset", "smoke", "--set", "clips.n_pretrain=40", "--set", "clips.n_pool=30", "--set", "clips.n_queries=2",
@@ -26,23 +26,10 @@ SCORE_COLUMNS = ["run_id", "variant", "attr_seed", "target_motion", "query_id", 
                  "selected", "motion", "shape", "colour", "background", "valid_len", "decoy_type"]
 
 
-def cli(*argv) -> tuple[int, str, str]:
-    from icml.cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
-
-
 def ok(*argv) -> dict | None:
-    code, out, err = cli(*argv)
-    assert code == 0, err
-    lines = [line for line in out.splitlines() if line.strip()]
-    return json.loads(lines[0]) if "--json" in argv else None
+    result = invoke(*argv)
+    assert result.code == 0, result.err
+    return result.json() if "--json" in argv else None
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +106,9 @@ def test_select_with_a_folder_of_query_clips(run, tmp_path):
     np.save(queries / "q2.npy", rng.integers(0, 255, (5, 32, 32, 3), dtype=np.uint8))
     result = ok("attribute-motion", "select", run, "--variant", "motive", "--queries", queries, "--json")
     assert len(result["clip_ids"]) == 3
-    code, _, err = cli("attribute-motion", "select", run, "--variant", "nonsense")
+    code, _, err = astuple(invoke("attribute-motion", "select", run, "--variant", "nonsense"))
     assert code == 1 and "unknown selector 'nonsense'" in err and "Traceback" not in err
-    code, _, err = cli("attribute-motion", "select", run, "--queries", tmp_path / "missing")
+    code, _, err = astuple(invoke("attribute-motion", "select", run, "--queries", tmp_path / "missing"))
     assert code == 1 and "is not a folder" in err
 
 
@@ -156,14 +143,14 @@ def test_user_clip_folder_trains(tmp_path):
     (["--set", "attr.patch=3"], 2, "attr.patch (3) must divide clips.size (16)"),
 ])
 def test_bad_config_is_one_line(tmp_path, argv, code, message):
-    result = cli("attribute-motion", "train", *argv, "--runs-dir", tmp_path)
-    assert result[0] == code and message in result[2] and "Traceback" not in result[2]
+    result = invoke("attribute-motion", "train", *argv, "--runs-dir", tmp_path)
+    assert result.code == code and message in result.err and "Traceback" not in result.err
     assert not (tmp_path / "attribute-motion").exists()  # nothing created
 
 
 def test_bad_data_folder_is_one_line(tmp_path):
     folder = tmp_path / "clips"
     folder.mkdir()
-    code, _, err = cli("attribute-motion", "train", *TINY, "--data", folder, "--runs-dir", tmp_path / "runs")
+    code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--data", folder, "--runs-dir", tmp_path / "runs"))
     lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
     assert code == 1 and len(lines) == 1 and "captions.csv' is missing" in lines[0] and "Traceback" not in err

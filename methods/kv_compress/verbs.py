@@ -10,7 +10,7 @@ from icml.cli import console
 from icml.cli.commands import guarded, store
 from icml.cli.options import DataFile, Debug, Device, Json, ModelDir, Quiet, RunDir, RunsDir
 
-N = Annotated[Optional[int], typer.Option("--n", help="Calibration prompts [default: the run's n_calibration, 64].",
+N = Annotated[Optional[int], typer.Option("--n", help="Calibration prompts (default: the run's n_calibration, 64).",
                                           show_default=False)]
 
 
