@@ -16,6 +16,7 @@ METHODS: dict[str, str] = {
     "event-classify": "icml.methods.event_classify",
     "fgad": "icml.methods.fgad",
     "kv-compress": "icml.methods.kv_compress",
+    "soup": "icml.methods.soup",
     "spectral-optim": "icml.methods.spectral_optim",
 }
 

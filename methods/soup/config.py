@@ -1,0 +1,260 @@
+"""Configuration of `icml soup`: one dataclass tree, three presets.
+
+Every field is settable with `--set key=value`; `--data DIR` sets `data`, `--model DIR` sets `model`,
+and `--set shift_data=DIR` names the shifted images (the shared CLI has no --shift-data option).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ALGOS = ("mae", "mocov3", "mmcr", "lejepa")
+ORDERS = ("soup_then_ft", "ft_then_soup")
+GREEDY_ON = ("val_clean", "val_shift")
+# each algorithm's hyperparameters, their defaults, and the short code of its ingredient name
+HPARAMS = {
+    "mae": {"mask": 0.75},
+    "mocov3": {"tau": 0.2},
+    "mmcr": {"local": 0.0},
+    "lejepa": {"lambda": 0.05, "views": 2.0},
+}
+DEFAULT_INGREDIENTS = "mae:mask=0.5,mae:mask=0.75,mocov3:tau=0.2,mocov3:tau=1.0,mmcr,mmcr:local=1,lejepa"
+
+
+@dataclass
+class ViTConfig:
+    """The toy stock of the spec (ignored when `model` points to a checkpoint)."""
+
+    image_size: int = 16
+    patch_size: int = 4
+    hidden_size: int = 64
+    layers: int = 4
+    heads: int = 4
+    intermediate_size: int = 256
+    decoder_hidden_size: int = 32
+    decoder_layers: int = 1
+    decoder_heads: int = 4
+    decoder_intermediate_size: int = 128
+
+
+@dataclass
+class StockConfig:
+    steps: int = 1500  # MAE pre-training on clean train+val images
+    batch_size: int = 128
+    lr: float = 2e-3
+    mask: float = 0.75
+
+
+@dataclass
+class SSLConfig:
+    steps: int = 200  # per ingredient (the spec's 300, cut to the CPU budget: README)
+    batch_size: int = 64  # the spec's 128, cut to the CPU budget
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.1
+
+
+@dataclass
+class MocoConfig:
+    momentum: float = 0.0  # 0: keys from the same encoder (as released); >0: an EMA key encoder
+    symmetric: bool = False  # both directions, as in the original MoCo v3
+
+
+@dataclass
+class FTConfig:
+    """LP-FT back on clean labelled train images: the shared probe h0, then full fine-tuning."""
+
+    steps: int = 200  # the spec's 300, cut to the CPU budget (README)
+    batch_size: int = 64
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.1
+    probe_lrs: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])  # h0's lr, picked on val
+    probe_steps: int = 300
+
+
+@dataclass
+class SupervisedConfig:
+    """The Wortsman supervised soup: fine-tunes of the stock over (lr multiplier × seed)."""
+
+    lr_multipliers: list[float] = field(default_factory=lambda: [1.0, 3.0])
+    seeds: int = 2
+
+
+@dataclass
+class SeasonConfig:
+    """Self-seasoning: label-free soup weights, softmax(β), by in-batch neighbour entropy on U."""
+
+    epochs: int = 4
+    steps_per_epoch: int = 10
+    batch_size: int = 256
+    top_k: int = 16
+    temperature: float = 0.07
+    lr: float = 0.1
+    final_lr: float = 0.01
+
+
+@dataclass
+class GreedyConfig:
+    on: str = "val_clean"  # val_clean | val_shift (corrupted val images of the seen types: knows the shift)
+
+
+@dataclass
+class SoupConfig:
+    ingredients: str = DEFAULT_INGREDIENTS  # algo[:hp=value[;hp=value]], comma-separated
+    order: str = "soup_then_ft"  # the main arm, chosen on validation data (README: validation sweep)
+    heldout: list[str] = field(default_factory=lambda: ["speckle_noise", "fog", "elastic", "mosaic"])
+    shift_severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])  # severities in U
+    eval_severities: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    eval_test: int = 500  # test images evaluated (and corrupted into U)
+    eval_val: int = 150  # val images corrupted (seen types) for val-shift scores and greedy.on=val_shift
+    controls: bool = True  # soup_clean_ssl: one ingredient per algorithm cooked on clean train images
+    interpolation: bool = True
+    knn_k: int = 20
+    knn_temperature: float = 0.07
+    data: str | None = None  # a class-subfolder image folder (--data)
+    shift_data: str | None = None  # unlabelled images or <type>/<severity>/<class>/* (--set shift_data=DIR)
+    model: str | None = None  # a local ViTMAE / ViT checkpoint (--model)
+    vit: ViTConfig = field(default_factory=ViTConfig)
+    stock: StockConfig = field(default_factory=StockConfig)
+    ssl: SSLConfig = field(default_factory=SSLConfig)
+    mocov3: MocoConfig = field(default_factory=MocoConfig)
+    ft: FTConfig = field(default_factory=FTConfig)
+    supervised: SupervisedConfig = field(default_factory=SupervisedConfig)
+    season: SeasonConfig = field(default_factory=SeasonConfig)
+    greedy: GreedyConfig = field(default_factory=GreedyConfig)
+
+
+def preset(name: str) -> SoupConfig:
+    cfg = SoupConfig()
+    if name == "smoke":
+        cfg.stock.steps = 150
+        cfg.ingredients = "mae,mmcr"
+        cfg.ssl.steps = 30
+        cfg.ft.steps = 30
+        cfg.ft.probe_steps = 60
+        cfg.ft.probe_lrs = [0.03]
+        cfg.eval_test = 100
+        cfg.eval_val = 30
+        cfg.controls = False
+        cfg.interpolation = False  # the tests run it on their own tiny config
+        cfg.eval_severities = [1, 5]
+        cfg.shift_severities = [1, 5]
+        cfg.supervised.lr_multipliers = [1.0]
+        cfg.season.epochs = 2
+        cfg.season.steps_per_epoch = 3
+        cfg.season.batch_size = 128
+    elif name == "paper":  # vit-mae-base at 224 px from --model; ImageNet-C / LAION-C from --shift-data
+        cfg.stock.steps = 0
+        cfg.ssl.steps = 10_000
+        cfg.ssl.lr = 4e-5
+        cfg.ft.lr = 2e-5
+        cfg.ft.steps = 20_000
+        cfg.ft.batch_size = 128
+        cfg.vit = ViTConfig(image_size=224, patch_size=16, hidden_size=768, layers=12, heads=12,
+                            intermediate_size=3072, decoder_hidden_size=512, decoder_layers=8, decoder_heads=16,
+                            decoder_intermediate_size=2048)
+    return cfg
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One ingredient: an SSL algorithm and its hyperparameters."""
+
+    algo: str
+    hparams: tuple[tuple[str, float], ...]
+
+    def hp(self, key: str) -> float:
+        return dict(self.hparams)[key]
+
+    @property
+    def name(self) -> str:
+        """ingredient_<algo>_<hp>: the spec's naming, e.g. mae_m75, mocov3_t0.2, mmcr_global, lejepa."""
+        hp = dict(self.hparams)
+        if self.algo == "mae":
+            return f"mae_m{round(hp['mask'] * 100):d}"
+        if self.algo == "mocov3":
+            return f"mocov3_t{hp['tau']:g}"
+        if self.algo == "mmcr":
+            return "mmcr_local" if hp["local"] else "mmcr_global"
+        extra = [] if hp["lambda"] == 0.05 else [f"l{hp['lambda']:g}"]
+        extra += [] if hp["views"] == 2 else [f"v{int(hp['views'])}"]
+        return "_".join(["lejepa"] + extra)
+
+
+def parse_ingredients(text: str) -> list[Recipe]:
+    """`mae:mask=0.5,mocov3:tau=0.2;…,mmcr:local=1,lejepa` → recipes (defaults fill the rest)."""
+    recipes = []
+    for item in [part.strip() for part in text.split(",") if part.strip()]:
+        algo, _, settings = item.partition(":")
+        if algo not in HPARAMS:
+            raise ValueError(f"unknown SSL algorithm '{algo}' in ingredients; valid: {', '.join(ALGOS)}")
+        hp = dict(HPARAMS[algo])
+        for setting in [s for s in settings.split(";") if s]:
+            key, sep, value = setting.partition("=")
+            if key not in hp or not sep:
+                raise ValueError(f"bad ingredient setting '{setting}' for {algo}; "
+                                 f"write {algo}:KEY=VALUE with KEY in {', '.join(hp)}")
+            try:
+                hp[key] = float(value)
+            except ValueError:
+                raise ValueError(f"ingredient setting '{setting}' needs a number") from None
+        recipe = Recipe(algo, tuple(sorted(hp.items())))
+        if recipe in recipes:
+            raise ValueError(f"ingredient '{item}' is listed twice")
+        recipes.append(recipe)
+    if not recipes:
+        raise ValueError("ingredients is empty; list at least one, e.g. ingredients=mae,mmcr")
+    return recipes
+
+
+def validate(cfg: SoupConfig) -> None:
+    """Reject values the run cannot use, in one line each."""
+    from pathlib import Path
+
+    recipes = parse_ingredients(cfg.ingredients)
+    for recipe in recipes:
+        if recipe.algo == "mae" and not 0 < recipe.hp("mask") < 1:
+            raise ValueError(f"mae mask must be in (0, 1), not {recipe.hp('mask')}")
+        if recipe.algo == "mocov3" and recipe.hp("tau") <= 0:
+            raise ValueError(f"mocov3 tau must be positive, not {recipe.hp('tau')}")
+        if recipe.algo == "lejepa" and (not 0 <= recipe.hp("lambda") <= 1 or recipe.hp("views") < 2):
+            raise ValueError("lejepa needs lambda in [0, 1] and views >= 2")
+    if cfg.order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, not '{cfg.order}'")
+    if cfg.greedy.on not in GREEDY_ON:
+        raise ValueError(f"greedy.on must be one of {', '.join(GREEDY_ON)}, not '{cfg.greedy.on}'")
+    from icml.data.images import CORRUPTIONS
+
+    unknown = [k for k in cfg.heldout if k not in CORRUPTIONS]
+    if unknown and not cfg.shift_data:
+        raise ValueError(f"unknown held-out corruption(s) {unknown}; valid: {', '.join(CORRUPTIONS)}")
+    for key in ("shift_severities", "eval_severities"):
+        values = getattr(cfg, key)
+        if not values or any(s not in (1, 2, 3, 4, 5) for s in values):
+            raise ValueError(f"{key} must be a non-empty list of severities 1–5, not {values}")
+    for key, value in (("stock.batch_size", cfg.stock.batch_size), ("ssl.steps", cfg.ssl.steps),
+                       ("ssl.batch_size", cfg.ssl.batch_size), ("ft.batch_size", cfg.ft.batch_size),
+                       ("ft.probe_steps", cfg.ft.probe_steps), ("eval_test", cfg.eval_test), ("eval_val", cfg.eval_val),
+                       ("supervised.seeds", cfg.supervised.seeds), ("season.epochs", cfg.season.epochs),
+                       ("season.steps_per_epoch", cfg.season.steps_per_epoch), ("knn_k", cfg.knn_k)):
+        if value <= 0:
+            raise ValueError(f"{key} must be positive, not {value}")
+    if cfg.stock.steps < 0 or cfg.ft.steps < 0:
+        raise ValueError("stock.steps and ft.steps must be >= 0")
+    if not cfg.ft.probe_lrs or any(lr <= 0 for lr in cfg.ft.probe_lrs):
+        raise ValueError("ft.probe_lrs must be a non-empty list of positive numbers")
+    if not cfg.supervised.lr_multipliers or any(m <= 0 for m in cfg.supervised.lr_multipliers):
+        raise ValueError("supervised.lr_multipliers must be a non-empty list of positive numbers")
+    if not 0 <= cfg.mocov3.momentum < 1:
+        raise ValueError(f"mocov3.momentum must be in [0, 1), not {cfg.mocov3.momentum}")
+    if cfg.vit.hidden_size % cfg.vit.heads or cfg.vit.image_size % cfg.vit.patch_size:
+        raise ValueError("vit.hidden_size must divide by vit.heads and vit.image_size by vit.patch_size")
+    if cfg.data and not Path(cfg.data).is_dir():
+        raise ValueError(f"data '{cfg.data}' is not a directory (expected <class>/<image> subfolders)")
+    if cfg.shift_data and not Path(cfg.shift_data).is_dir():
+        raise ValueError(f"shift_data '{cfg.shift_data}' is not a directory (expected images or "
+                         "<type>/<severity>/<class>/<image>)")
+    if cfg.model:
+        if not (Path(cfg.model) / "config.json").is_file():
+            raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
+                             "save one with save_pretrained)")

@@ -1,0 +1,142 @@
+"""`icml soup` end to end through the CLI on a tiny config: train → eval → report, every spec metric
+and variant with the same tag grid, interp.parquet, from_pretrained checkpoints, --json, bad inputs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+TINY = ["--preset", "smoke", "--set", "stock.steps=4", "--set", "ssl.steps=3", "--set", "ft.steps=3",
+        "--set", "ingredients=mae,mae:mask=0.5,mmcr,lejepa", "--set", "controls=true", "--set", "ssl.batch_size=16",
+        "--set", "ft.probe_steps=10", "--set", "eval_test=12", "--set", "eval_val=8", "--set", "eval_severities=1,5",
+        "--set", "shift_severities=5", "--set", "season.batch_size=32", "--set", "vit.layers=1",
+        "--set", "vit.hidden_size=32", "--set", "vit.intermediate_size=64", "--set", "interpolation=true"]
+VARIANTS = {"stock_ft", "ingredient_mae_m75", "ingredient_mae_m50", "ingredient_mmcr_global", "ingredient_lejepa",
+            "best_single_ingredient", "self_soup_uniform", "self_ft_then_soup", "self_soup_greedy",
+            "self_season_soup", "soup_mae", "soup_mmcr", "soup_lejepa", "soup_clean_ssl",
+            "supervised_soup_uniform", "supervised_soup_greedy", "ensemble", "supervised_m1_s1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """train → eval → html report of one tiny run, in-process (the subprocess path is the shared
+    tests' business; here it would only add three interpreter start-ups)."""
+    from icml.cli.main import main
+
+    runs = tmp_path_factory.mktemp("runs")
+    for argv in (["train", *TINY], ["eval"], ["report", "--format", "html", "--out", str(runs / "r.html")]):
+        try:
+            code = main(["soup", *argv, "--runs-dir", str(runs), "--quiet"])
+        except SystemExit as exc:
+            code = exc.code
+        assert code in (0, None), argv
+    (run,) = (runs / "soup").iterdir()
+    return run
+
+
+@pytest.fixture(scope="module")
+def frame(tiny_run):
+    return pd.read_parquet(tiny_run / "metrics.parquet")
+
+
+def test_every_variant_has_the_same_tag_grid(frame):
+    scored = frame[(frame["phase"] == "eval") & frame["metric"].isin(["clean_acc", "corruption_acc", "val_acc"])]
+    assert set(scored["variant"]) == VARIANTS
+    keys = ["metric", "split", "benchmark", "shift", "corruption", "severity"]
+    grids = {v: set(map(tuple, g[keys].astype(str).values)) for v, g in scored.groupby("variant")}
+    reference = grids["stock_ft"]
+    assert all(grid == reference for grid in grids.values())
+    per_type = scored[(scored["metric"] == "corruption_acc") & (scored["split"] == "test")
+                      & (scored["variant"] == "stock_ft") & (scored["corruption"] != "mean")]
+    assert len(per_type) == 14 * 3  # 14 types × (severity 1, 5, mean)
+    assert set(per_type.loc[per_type["shift"] == "heldout", "corruption"]) == {"speckle_noise", "fog", "elastic",
+                                                                              "mosaic"}
+
+
+def test_spec_metrics_and_identities(frame):
+    evaluated = frame[frame["phase"] == "eval"]
+    assert {"clean_acc", "corruption_acc", "mce", "gain_vs_stock", "val_acc", "knn_acc", "soup_weight",
+            "task_vector_cos", "dist_from_stock", "interp_barrier", "wall_s"} <= set(evaluated["metric"])
+    assert {"ssl_loss", "ft_loss", "wall_s"} <= set(frame.loc[frame["phase"] == "train", "metric"])
+    stock = evaluated[evaluated["variant"] == "stock_ft"]
+    assert (stock.loc[stock["metric"] == "gain_vs_stock", "value"].abs() < 1e-9).all()
+    assert (stock.loc[stock["metric"] == "mce", "value"] - 100).abs().max() < 1e-9
+
+    def scores(variant):
+        rows = evaluated[(evaluated["variant"] == variant) & (evaluated["metric"] == "corruption_acc")]
+        return rows.sort_values(["split", "corruption", "severity"])["value"].to_numpy()
+
+    # soup_lejepa has one ingredient: it is that ingredient
+    assert (scores("soup_lejepa") == scores("ingredient_lejepa")).all()
+    best = evaluated[(evaluated["variant"] == "best_single_ingredient")]["ingredient"].dropna().iloc[0]
+    assert (scores("best_single_ingredient") == scores(f"ingredient_{best}")).all()
+    weights = evaluated[evaluated["metric"] == "soup_weight"].groupby("variant")["value"].sum()
+    assert (weights - 1).abs().max() < 1e-6
+    uniform = evaluated[(evaluated["metric"] == "soup_weight") & (evaluated["variant"] == "self_soup_uniform")]
+    assert sorted(uniform["value"]) == pytest.approx([0.25] * 4)
+
+
+def test_interpolation_table_and_report(tiny_run):
+    interp = pd.read_parquet(tiny_run / "interp.parquet")
+    assert list(interp.columns) == ["run_id", "pair", "stage", "alpha", "split", "metric", "value"]
+    assert set(interp["pair"]) == {"mae_m75|mae_m50", "stock_ft|self_soup_uniform"}
+    assert sorted(interp["alpha"].unique()) == pytest.approx([i / 10 for i in range(11)])
+    assert set(interp["metric"]) == {"loss", "acc", "knn_acc"}
+    html = (tiny_run.parent.parent / "r.html").read_text()
+    for title in ("Variants side by side", "Corruption types × variants", "SSL encoders", "Soup weights",
+                  "Interpolation barriers"):
+        assert title in html
+    assert html.count("data:image/png;base64,") == 6
+
+
+def test_checkpoints_load_with_from_pretrained(tiny_run):
+    from transformers import ViTMAEForPreTraining, ViTMAEModel
+
+    stock = ViTMAEForPreTraining.from_pretrained(tiny_run / "checkpoints" / "hf" / "stock", local_files_only=True)
+    assert stock.config.hidden_size == 32
+    encoder = ViTMAEModel.from_pretrained(tiny_run / "checkpoints" / "hf" / "ingredient_mmcr_global",
+                                          local_files_only=True)
+    assert encoder.config.num_hidden_layers == 1
+    assert (tiny_run / "checkpoints" / "hf" / "ssl_ingredient_lejepa" / "config.json").exists()
+
+
+def test_json_and_bad_inputs(icml, tiny_run, tmp_path):
+    result = icml("soup", "report", str(tiny_run), "--format", "json")
+    assert result.code == 0 and json.loads(result.out)
+    result = icml("soup", "train", "--set", "ingredients=mae,simclr", "--json")
+    assert result.code == 2 and "unknown SSL algorithm 'simclr'" in result.err and result.out == ""
+    result = icml("soup", "train", "--set", "order=both")
+    assert result.code == 2 and "order must be one of" in result.err
+    result = icml("soup", "train", "--model", str(tmp_path))
+    assert result.code == 2 and "is not a checkpoint directory" in result.err
+    result = icml("soup", "train", "--data", str(tmp_path / "nothing"))
+    assert result.code == 2 and "does not exist" in result.err
+
+
+def test_plain_vit_refuses_mae_and_user_folders_run(icml, tmp_path):
+    import numpy as np
+    from PIL import Image
+    from transformers import ViTConfig, ViTModel
+
+    vit = tmp_path / "vit"
+    ViTModel(ViTConfig(image_size=8, patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=32)).save_pretrained(vit)
+    result = icml("soup", "train", *TINY, "--model", str(vit))
+    lines = [line for line in result.err.splitlines() if line.startswith("icml: error:")]
+    assert result.code == 1 and len(lines) == 1 and "plain ViT" in lines[0] and "Traceback" not in result.err
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        for i in range(6):
+            path = tmp_path / "data" / c / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(path)
+    result = icml("soup", "train", *TINY, "--model", str(vit), "--data", str(tmp_path / "data"),
+                  "--set", "ingredients=mmcr", "--set", "controls=false", "--json")
+    assert result.code == 0, result.err
+    run = Path(result.json()["run_dir"])
+    result = icml("soup", "eval", str(run), "--json")
+    assert result.code == 0, result.err
+    frame = pd.read_parquet(run / "metrics.parquet")
+    assert "self_soup_uniform" in set(frame["variant"])
