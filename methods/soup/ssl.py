@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from icml.cli.errors import IcmlError
 from icml.methods.soup.config import Recipe
 from icml.methods.soup.vit import (adamw, batches, cls_features, encoder_of, mask_ratio, projector, random_affine,
                                   ssl_view)
@@ -136,7 +137,8 @@ def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int,
         if step % log_every == 0 or step == steps - 1:
             value = float(loss.detach())
             if not math.isfinite(value):
-                raise FloatingPointError(f"{recipe.name}: SSL loss is {value} at step {step}; lower ssl.lr")
+                raise IcmlError(f"ingredient {recipe.name}: the SSL loss is {value} at step {step}",
+                                "lower the SSL learning rate, e.g. --set ssl.lr=1e-4")
             curve.append((step, value))
     return encoder.eval(), curve
 
