@@ -131,14 +131,14 @@ def _launch(argv, runs_dir):
 
 def test_ctrl_c_marks_interrupted_and_resume_matches_uninterrupted(tmp_path):
     runs_dir = tmp_path / "runs"
-    slow = ["toy", "train", "--preset", "smoke", "--set", "sleep=0.05", "--set", "variants=sgd",
+    # 60 steps of 0.1 s: the interrupt lands ≥ 5 s before the run could finish, even on a loaded machine
+    slow = ["toy", "train", "--preset", "smoke", "--set", "sleep=0.1", "--set", "variants=sgd",
             "--set", "steps=60"]
     proc = _launch(slow, runs_dir)
     deadline = time.time() + 60
     while time.time() < deadline and not list(runs_dir.glob("toy/*/checkpoints/sgd.pt")):
-        time.sleep(0.05)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)  # at the first checkpoint (step 5)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "--resume" in err
