@@ -122,7 +122,10 @@ def test_same_seed_same_metrics_and_config_reproduces(icml, toy, tmp_path):
 
 
 def _launch(argv, runs_dir):
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from icml.cli import registry; "
+    # A shell without job control starts background jobs (`make test &`) with SIGINT ignored, and the
+    # child would inherit that; a Ctrl-C at a terminal reaches a process with Python's default handler.
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.path.insert(0, sys.argv[1]); from icml.cli import registry; "
             "registry.METHODS['toy'] = 'toy_method'; from icml.cli.main import main; sys.exit(main(sys.argv[2:]))")
     return subprocess.Popen([sys.executable, "-c", code, str(TESTS), *argv],
                             env={**os.environ, "ICML_RUNS_DIR": str(runs_dir)},
@@ -131,14 +134,14 @@ def _launch(argv, runs_dir):
 
 def test_ctrl_c_marks_interrupted_and_resume_matches_uninterrupted(tmp_path):
     runs_dir = tmp_path / "runs"
-    # 60 steps of 0.1 s: the interrupt lands ≥ 5 s before the run could finish, even on a loaded machine
-    slow = ["toy", "train", "--preset", "smoke", "--set", "sleep=0.1", "--set", "variants=sgd",
+    slow = ["toy", "train", "--preset", "smoke", "--set", "sleep=0.05", "--set", "variants=sgd",
             "--set", "steps=60"]
     proc = _launch(slow, runs_dir)
     deadline = time.time() + 60
     while time.time() < deadline and not list(runs_dir.glob("toy/*/checkpoints/sgd.pt")):
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGINT)  # at the first checkpoint (step 5)
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "--resume" in err
