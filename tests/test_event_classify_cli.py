@@ -96,3 +96,10 @@ def test_bad_input_gets_one_line(icml, tmp_path):
     result = icml("event-classify", "train", "--data", tmp_path / "broken", "--preset", "smoke")
     assert result.code == 1 and "a.bin: no complete 5-byte event record" in result.err
     assert len([line for line in result.err.splitlines() if "error" in line]) == 1
+
+
+def test_validation_curve_never_sees_test_or_training_samples(tiny_run):
+    for path in (tiny_run / "checkpoints" / "data").glob("*.npz"):
+        data = np.load(path)
+        train, val, test = (set(data[f"{part}_mark"].tolist()) for part in ("train", "val", "test"))
+        assert val and not val & test and not val & train and not train & test, path.name

@@ -12,7 +12,7 @@ import pytest
 from icml.data.events import (EventFileError, SimulatorConfig, load_labelled, read_aedat2, read_aedat31, read_bin,
                               read_events, read_gesture_labels, read_h5, read_h5_windows, read_npy,
                               simulate_dataset, simulate_events)
-from icml.methods.event_classify.data import event_cloud, random_crop, time_reverse, windows_of
+from icml.methods.event_classify.data import event_cloud, random_crop, split_validation, time_reverse, windows_of
 
 
 def bin_record(x, y, p, t):
@@ -262,3 +262,16 @@ def test_augmentations_and_windows(events):
     wins = windows_of(events, 3)
     duration = events["t"][-1] - events["t"][0]
     assert len(wins) == 3 and all(w["t"][-1] - w["t"][0] <= duration / 2 + 1 for w in wins)
+
+
+def test_validation_split_partitions_the_training_samples():
+    train_idx = np.arange(3, 103, 2)  # 50 training sample ids
+    fit, val = split_validation(train_idx, 0.1, seed=4)
+    assert len(val) == 5 and len(fit) == 45
+    assert np.array_equal(np.sort(np.concatenate([fit, val])), train_idx)
+    assert np.array_equal(val, split_validation(train_idx, 0.1, seed=4)[1])
+    assert not np.array_equal(val, split_validation(train_idx, 0.1, seed=5)[1])
+    fit, val = split_validation(train_idx, 0.0, seed=4)
+    assert len(val) == 0 and np.array_equal(fit, train_idx)
+    fit, val = split_validation(train_idx[:2], 0.9, seed=4)  # never empties the training set
+    assert len(fit) == 1 and len(val) == 1

@@ -88,6 +88,7 @@ class EventClassifyConfig:
     weight_decay: float = 1e-4
     label_smoothing: float = 0.2
     test_fraction: float = 0.2
+    val_fraction: float = 0.1  # of the training samples, held out (with their augmented copies) for val_window_acc
     aug: AugConfig = field(default_factory=AugConfig)
     variants: list[str] = field(default_factory=lambda: list(VARIANTS[1:]))  # eval: baselines + ablations
     compare: CompareConfig = field(default_factory=CompareConfig)
@@ -179,6 +180,8 @@ def validate(cfg: EventClassifyConfig) -> None:
         raise ValueError(f"samples must be >= 10 (or none), not {cfg.samples}")
     if not 0 < cfg.test_fraction < 1:
         raise ValueError(f"test_fraction must be in (0, 1), not {cfg.test_fraction}")
+    if not 0 <= cfg.val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1) (0: no validation curve), not {cfg.val_fraction}")
     if cfg.lr <= 0 or cfg.weight_decay < 0 or not 0 <= cfg.label_smoothing < 1:
         raise ValueError("lr must be positive, weight_decay >= 0 and label_smoothing in [0, 1)")
     if not 0 <= cfg.aug.reverse_flip_p <= 1:

@@ -114,8 +114,20 @@ def split_indices(dataset: EventDataset, test_fraction: float, seed: int) -> tup
     return np.sort(order[n_test:]), np.sort(order[:n_test])
 
 
+def split_validation(train_idx: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded share of the training samples held out for the validation curve, so that nothing
+    computed during training looks at the test split; at least one sample stays in training."""
+    n_val = min(int(round(len(train_idx) * val_fraction)), len(train_idx) - 1)
+    if n_val <= 0:
+        return train_idx, train_idx[:0]
+    order = np.random.default_rng([seed, 11]).permutation(len(train_idx))
+    return np.sort(train_idx[order[n_val:]]), np.sort(train_idx[order[:n_val]])
+
+
 def make_clouds(dataset: EventDataset, index: np.ndarray, cfg, arch_n: int, seed: int, augment: bool) -> Clouds:
     """Windows → clouds of the samples in `index`; with `augment`, the offline copies are added."""
+    if len(index) == 0:  # e.g. no validation samples (val_fraction = 0)
+        return Clouds(np.zeros((0, arch_n, 4), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
     if dataset.clouds is not None:  # preprocessed windows: `index` selects sample ids (marks)
         ids = np.unique(dataset.marks)[index]
         rows = np.flatnonzero(np.isin(dataset.marks, ids))

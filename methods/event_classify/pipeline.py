@@ -31,7 +31,7 @@ def prepare(ctx: RunContext) -> list[dict]:
     import numpy as np
 
     from icml.data.events import EventFileError
-    from icml.methods.event_classify.data import load_dataset, make_clouds, split_indices
+    from icml.methods.event_classify.data import load_dataset, make_clouds, split_indices, split_validation
 
     cfg = ctx.config
     rows = []
@@ -45,6 +45,7 @@ def prepare(ctx: RunContext) -> list[dict]:
         except EventFileError as exc:
             raise IcmlError(str(exc), "check the file or pass --set format=… / sensor_size=W,H") from None
         train_idx, test_idx = split_indices(events, cfg.test_fraction, ctx.seed)
+        train_idx, val_idx = split_validation(train_idx, cfg.val_fraction, ctx.seed)
         if len(train_idx) < 2 or len(test_idx) < 1:
             raise IcmlError(f"{dataset}: {len(train_idx)} training and {len(test_idx)} test samples",
                             "provide more labelled samples")
@@ -54,11 +55,13 @@ def prepare(ctx: RunContext) -> list[dict]:
                          "value": float(np.mean(counts))})
         for n in sorted(sizes):
             train = make_clouds(events, train_idx, cfg, n, ctx.seed, augment=True)
+            val = make_clouds(events, val_idx, cfg, n, ctx.seed + 2, augment=False)
             test = make_clouds(events, test_idx, cfg, n, ctx.seed + 1, augment=False)
             atomic_write(data_file(ctx, dataset, n), lambda p: np.savez(
-                p, train_x=train.x, train_y=train.y, train_mark=train.mark, test_x=test.x, test_y=test.y,
-                test_mark=test.mark, classes=np.array(events.classes), sensor=np.array(events.sensor)))
-            ctx.log(f"  N={n}: {len(train)} training clouds (augmented), {len(test)} test clouds, "
+                p, train_x=train.x, train_y=train.y, train_mark=train.mark, val_x=val.x, val_y=val.y, val_mark=val.mark,
+                test_x=test.x, test_y=test.y, test_mark=test.mark, classes=np.array(events.classes),
+                sensor=np.array(events.sensor)))
+            ctx.log(f"  N={n}: {len(train)} training clouds (augmented), {len(val)} validation and {len(test)} test clouds, "
                     f"{len(events.classes)} classes, sensor {events.sensor[0]}×{events.sensor[1]}")
     return rows
 

@@ -97,11 +97,12 @@ def fit(model, x: np.ndarray, y: np.ndarray, val_x: np.ndarray, val_y: np.ndarra
             total_loss += float(loss.detach()) * len(pick)
             correct += int((logits.argmax(1) == target).sum())
             seen += len(pick)
-        val_acc = float((predict(model, val_x, device=device).argmax(1) == val_y).mean()) if len(val_x) else float("nan")
         base = {**tags, "variant": variant, "step": epoch}
         rows += [{**base, "metric": "loss", "value": total_loss / seen, "split": "train"},
-                 {**base, "metric": "train_acc", "value": correct / seen, "split": "train"},
-                 {**base, "metric": "val_window_acc", "value": val_acc, "split": "val"}]
+                 {**base, "metric": "train_acc", "value": correct / seen, "split": "train"}]
+        if len(val_x):  # held-out training samples (val_fraction), never the test split
+            val_acc = float((predict(model, val_x, device=device).argmax(1) == val_y).mean())
+            rows.append({**base, "metric": "val_window_acc", "value": val_acc, "split": "val"})
         rows += [{**base, "metric": "learned_w", "value": v, "stage": s, "axis": a, "split": "train"}
                  for s, a, v in learned_w(model)]
     return rows
@@ -140,7 +141,9 @@ def run_job(cfg, seed: int, variant: str, dataset: str, budget: Budget, data_fil
         keep = np.isin(marks, np.unique(marks)[:budget.train_samples])
         x, y = x[keep], y[keep]
     test_x, test_y, test_mark = data["test_x"], data["test_y"], data["test_mark"]
-    x, test_x = strip_input(x, variant, seed), strip_input(test_x, variant, seed + 1)
+    val_x, val_y = data["val_x"], data["val_y"]
+    x, val_x = strip_input(x, variant, seed), strip_input(val_x, variant, seed + 2)
+    test_x = strip_input(test_x, variant, seed + 1)
     tags = budget.tags(dataset, cfg.windows)
     torch.manual_seed(seed)
     arch = Arch(budget.n_points, budget.groups, budget.k, budget.d0, len(classes))
@@ -149,7 +152,7 @@ def run_job(cfg, seed: int, variant: str, dataset: str, budget: Budget, data_fil
     with single_thread():
         if state is None:
             batch = cfg.direction_batch_size if dataset == "direction" else cfg.batch_size
-            rows += fit(model, x, y, test_x, test_y, epochs=budget.epochs, batch=min(batch, len(x)), lr=cfg.lr,
+            rows += fit(model, x, y, val_x, val_y, epochs=budget.epochs, batch=min(batch, len(x)), lr=cfg.lr,
                         weight_decay=cfg.weight_decay, label_smoothing=cfg.label_smoothing, seed=seed, tags=tags,
                         variant=variant, device=device)
         else:
