@@ -218,6 +218,25 @@ def test_adam_update_is_psi_of_the_rms_normalised_direction(variant):
     assert torch.allclose(update, -psi(rms_normalised(grads), p), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["mSGDS", "mSGDQ", "mSGDZ"])
+def test_batched_step_gives_every_matrix_its_own_psi(variant):
+    """One step transforms all matrices together, stacked by shape (the QKV blocks with the
+    other d×d matrices, `up` with `down` in their wide orientation); each update must still be
+    Ψ_p of that matrix's own direction, as if transformed alone."""
+    model = TinyLM()
+    zero_weights(model)
+    opt = make(model, variant)
+    p = VARIANTS[variant].p
+    assign_grads(model, 0)
+    grads = {name: param.grad.clone() for name, param in model.named_parameters() if param.ndim >= 2}
+    opt.step()
+    weights = params_of(model)
+    for name, grad in grads.items():  # zero weights, lr = 1, M₁ = G₁: W = −Ψ_p(G)
+        blocks = grad.split(D, dim=0) if name == "c_attn.weight" else (grad,)
+        expected = -torch.cat([psi(block, p) for block in blocks])
+        assert torch.allclose(weights[name].detach(), expected, rtol=0, atol=1e-6), name
+
+
 def first_step_on_qkv(variant):
     """(update of c_attn, update of up, their directions) after one step from zero weights, lr = 1."""
     model = TinyLM()

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from icml.methods.spectral_optim.psi import (NS_COEFFICIENTS, conditioned_matrix, coupled_newton_sqrt,
-                                             newton_schulz5, psi, psi_benchmark, psi_svd, shape_factor)
+                                             newton_schulz5, psi, psi_benchmark, psi_many, psi_svd,
+                                             shape_factor)
 
 SHAPES = [(32, 32), (48, 16), (16, 48)]
 
@@ -129,6 +130,84 @@ def test_batched_matrices_are_transformed_independently():
     for p in (0.5, 0.25, 0.0):
         each = torch.stack([psi(m, p) for m in batch])
         assert torch.allclose(psi(batch, p), each, rtol=1e-5, atol=1e-6)
+
+
+# Shapes of one optimizer step in miniature: repeated squares (layers, QKV blocks), tall and wide
+# matrices that share a wide orientation (c_fc and the MLP projection), and an odd one out.
+MIXED = [((32, 32), 2.0), ((32, 32), 100.0), ((32, 32), 10.0), ((48, 16), 10.0), ((16, 48), 30.0),
+         ((48, 16), 2.0), ((10, 32), 5.0)]
+
+
+@pytest.mark.parametrize("p", [1, 0.5, 0.25, 0.0])
+@pytest.mark.parametrize("method", ["ns", "svd"])
+def test_psi_many_equals_psi_of_each_matrix(p, method):
+    """The batched path (stacked per wide shape) gives every matrix its own Ψ_p to float32
+    round-off: per-matrix norms, damping, convergence and (p = 0) shape factor in (out, in)."""
+    matrices = [matrix(shape, kappa, seed=i) for i, (shape, kappa) in enumerate(MIXED)]
+    results = psi_many(matrices, p, method=method)
+    assert len(results) == len(matrices)
+    for O, result in zip(matrices, results):
+        assert result.shape == O.shape and result.dtype == O.dtype
+        assert rel_error(result, psi(O, p, method=method)) < 1e-6
+    if p == 0.0:  # the tall (48, 16) matrices carry √3, the wide and square ones 1
+        assert float(singular_values(results[3]).mean()) == pytest.approx(math.sqrt(3.0), rel=0.15)
+        assert float(singular_values(results[4]).mean()) == pytest.approx(1.0, rel=0.15)
+
+
+def test_psi_many_rejects_batches_and_bad_powers():
+    O = matrix((16, 8), 10.0)
+    with pytest.raises(ValueError):
+        psi_many([torch.stack([O, O])], 0.5)
+    with pytest.raises(ValueError):
+        psi_many([O], 0.3)
+    assert psi_many([], 0.5) == []
+
+
+def fixed_step_coupled_newton(X: torch.Tensor, iters: int = 15):
+    """The routine as the spec writes it: damping, Frobenius scaling, exactly K steps with the
+    periodic and final symmetrisation, √s factors; no early stop."""
+    n = X.shape[-1]
+    eye = torch.eye(n, dtype=X.dtype)
+    X = X + (1e-6 + 1e-4 * X.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None, None] / n) * eye
+    s = torch.linalg.matrix_norm(X, keepdim=True)
+    y, z = X / s, eye.expand_as(X).clone()
+    every = max(1, min(iters // 3, 5))
+    for k in range(iters):
+        t = 0.5 * (3.0 * eye - z @ y)
+        y, z = y @ t, t @ z
+        if k > 0 and k % every == 0:
+            y, z = 0.5 * (y + y.mT), 0.5 * (z + z.mT)
+    y, z = 0.5 * (y + y.mT), 0.5 * (z + z.mT)
+    return s.sqrt() * y, z / s.sqrt()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+def test_early_stop_equals_the_fixed_fifteen_steps_to_round_off(dtype, tolerance, monkeypatch):
+    """A well-conditioned Gram matrix converges in fewer than 15 steps and leaves the batch; an
+    ill-conditioned one runs all 15. Both equal the fixed-step routine, alone or batched."""
+    grams = torch.stack([(o.mT @ o) for o in (matrix((48, 16), 2.0, seed=1, dtype=dtype),
+                                              matrix((48, 16), 1000.0, seed=2, dtype=dtype))])
+    reference_root, reference_inverse = fixed_step_coupled_newton(grams)
+    root, inverse_root = coupled_newton_sqrt(grams)
+    for i in range(2):
+        assert rel_error(root[i], reference_root[i]) < tolerance
+        assert rel_error(inverse_root[i], reference_inverse[i]) < tolerance
+        alone_root, alone_inverse = coupled_newton_sqrt(grams[i])
+        assert rel_error(alone_root, root[i]) < tolerance
+        assert rel_error(alone_inverse, inverse_root[i]) < tolerance
+
+    steps = []  # one T = ½(3I − Z·Y) per step, counted per call
+    counting = torch.baddbmm
+
+    def count_steps(*args, **kwargs):
+        steps[-1] += 1
+        return counting(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "baddbmm", count_steps)
+    for gram in grams:
+        steps.append(0)
+        coupled_newton_sqrt(gram)
+    assert steps[0] < 15 and steps[1] == 15
 
 
 def test_zero_update_stays_finite_and_zero():

@@ -24,7 +24,7 @@ from typing import Iterable, NamedTuple
 import torch
 from torch import nn
 
-from icml.methods.spectral_optim.psi import psi
+from icml.methods.spectral_optim.psi import psi_many
 
 
 class VariantSpec(NamedTuple):
@@ -222,24 +222,27 @@ class SpectralOptimizer(torch.optim.Optimizer):
             state["momentum_buffer"].mul_(group["momentum"]).add_(grad)
         return state["momentum_buffer"]
 
-    def _spectral(self, direction: torch.Tensor, layout: str, packed_qkv: bool) -> torch.Tensor:
-        """Ψ_p of one matrix update, in its logical (out, in) orientation, QKV blocks apart."""
+    def _spectral(self, directions: list[torch.Tensor], layouts: list[str], packed_qkv: list[bool]
+                  ) -> list[torch.Tensor]:
+        """Ψ_p of every matrix update of a step, each in its logical (out, in) orientation with
+        QKV blocks apart; all of them go through one `psi_many` call, which batches equal shapes
+        (the layers share shapes, and so do the three QKV blocks)."""
         if self.p == 1.0:
-            return direction
-        if layout == "conv1d":
-            logical = direction.mT
-        else:
-            logical = direction.reshape(direction.shape[0], -1)
-        if packed_qkv:
-            # The three row blocks of a (3d, d) matrix, as one batch of three d×d matrices.
-            d = logical.shape[1]
-            transformed = psi(logical.reshape(3, d, d), self.p, self.ns_iters, self.psi_method)
-            transformed = transformed.reshape(3 * d, d)
-        else:
-            transformed = psi(logical, self.p, self.ns_iters, self.psi_method)
-        if layout == "conv1d":
-            return transformed.mT
-        return transformed.reshape(direction.shape)
+            return directions
+        blocks, block_counts = [], []
+        for direction, layout, packed in zip(directions, layouts, packed_qkv):
+            logical = direction.mT if layout == "conv1d" else direction.reshape(direction.shape[0], -1)
+            # A packed (3d, d) QKV is three d×d row blocks, transformed separately.
+            parts = logical.chunk(3, dim=0) if packed else (logical,)
+            blocks.extend(parts)
+            block_counts.append(len(parts))
+        transformed = iter(psi_many(blocks, self.p, self.ns_iters, self.psi_method))
+        updates = []
+        for direction, layout, count in zip(directions, layouts, block_counts):
+            parts = [next(transformed) for _ in range(count)]
+            logical = torch.cat(parts, dim=0) if count > 1 else parts[0]
+            updates.append(logical.mT if layout == "conv1d" else logical.reshape(direction.shape))
+        return updates
 
     # ------------------------------------------------------------------------------------------
 
@@ -259,15 +262,19 @@ class SpectralOptimizer(torch.optim.Optimizer):
 
     def _step_matrices(self, group: dict) -> None:
         lr, decay = group["lr"], group["weight_decay"]
+        params, directions, layouts, packed_qkv = [], [], [], []
         for param, layout, packed in zip(group["params"], group["param_layouts"], group["packed_qkv"]):
             if param.grad is None:
                 continue
             grad = self._dense_grad(param)
             if self.family == "adam":
-                direction = self._rms_normalised(param, grad, group)
+                directions.append(self._rms_normalised(param, grad, group))
             else:
-                direction = self._momentum(param, grad, group)
-            update = self._spectral(direction, layout, packed)
+                directions.append(self._momentum(param, grad, group))
+            params.append(param)
+            layouts.append(layout)
+            packed_qkv.append(packed)
+        for param, update in zip(params, self._spectral(directions, layouts, packed_qkv)):
             if decay != 0.0:
                 param.mul_(1.0 - lr * decay)
             param.add_(update, alpha=-lr)
