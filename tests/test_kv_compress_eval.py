@@ -19,6 +19,7 @@ from icml.methods.kv_compress.model import tiny_model
 def results():
     cfg = preset("smoke")
     cfg.tiny.hidden, cfg.tiny.intermediate = 32, 64
+    cfg.tiny.init_std = 0.02  # HF's default scale: ×20 below gives heads of differing entropy
     tokenizer = build_tokenizer()
     model = tiny_model(cfg, len(tokenizer), 0).eval()
     with torch.no_grad():  # sharper attention than at init, so that heads' entropies differ

@@ -91,6 +91,57 @@ def generate(task: str, example_id: int, rng: random.Random, context_min: int, c
     return Example(task, example_id, " ".join(context), question, answer, tuple(more))
 
 
+# ---------------------------------------------------------------------------------------------
+# Dense training sequences (training only; README "Training recipe"). Both return the words after
+# `<bos>` and which of them are loss targets, and every target is predictable from its prefix.
+# ---------------------------------------------------------------------------------------------
+RECALL_FILLER = 0.5  # share of filler words in a recall sequence (the eval contexts hold 40–60 %)
+
+
+def copy_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
+    """length//2 random words, then the same words again; targets: the repetition after its first word.
+    Only a lookup of the earlier occurrence predicts a repeated word, and these sequences give the
+    model its first phase change (README: it did not carry over to the key lookup)."""
+    half = [rng.choice(KEYS + VALUES + FILLER) for _ in range(length // 2)]
+    return half + half, [False] * (len(half) + 1) + [True] * (len(half) - 1)
+
+
+def recall_sequence(rng: random.Random, length: int, repeat_fraction: float,
+                    count_fraction: float) -> tuple[list[str], list[bool]]:
+    """Multi-query associative recall in the tasks' own format: pairs `k v ;` with unique keys appear
+    over time among filler, and between them, about one supervised query per pair on an earlier pair
+    (chosen uniformly, so repeats happen and no elimination helps): a repeated `k v ;`
+    (`repeat_fraction`; target v), a count `count v ? = n` (`count_fraction` of the rest; target n =
+    pairs so far with value v, mod 10) or a retrieval `? k = v` (target v). Stops at >= `length` words."""
+    n_pairs = max(2, min(len(KEYS), int(length * (1 - RECALL_FILLER) / 7)))  # 7 words per pair + query
+    unseen = rng.sample(KEYS, n_pairs)
+    seen: list[tuple[str, str]] = []
+    words: list[str] = []
+    targets: list[bool] = []
+    while len(words) < length:
+        if rng.random() < RECALL_FILLER:
+            words.append(rng.choice(FILLER))
+            targets.append(False)
+        elif unseen and (not seen or rng.random() < 0.5):
+            key, value = unseen.pop(), rng.choice(VALUES)
+            seen.append((key, value))
+            words += [key, value, ";"]
+            targets += [False, False, False]
+        elif rng.random() < repeat_fraction:
+            key, value = rng.choice(seen)
+            words += [key, value, ";"]
+            targets += [False, True, False]
+        elif rng.random() < count_fraction:
+            value = rng.choice(VALUES)
+            words += ["count", value, "?", CUE, str(sum(v == value for _, v in seen) % 10)]
+            targets += [False, False, False, False, True]
+        else:
+            key, value = rng.choice(seen)
+            words += ["?", key, CUE, value]
+            targets += [False, False, False, True]
+    return words, targets
+
+
 def generate_set(tasks: list[str], n_per_task: int, seed: int, context_min: int, context_max: int,
                  stream: str) -> list[Example]:
     """Deterministic from (seed, stream): train/val/calibration/test streams never share examples."""

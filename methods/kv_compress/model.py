@@ -33,7 +33,8 @@ def tiny_model(cfg, vocab_size: int, seed: int):
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=cfg.tiny.hidden, num_hidden_layers=cfg.tiny.layers,
                          num_attention_heads=cfg.tiny.heads, num_key_value_heads=cfg.tiny.kv_heads,
                          intermediate_size=cfg.tiny.intermediate, max_position_embeddings=cfg.tiny.max_position,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                         initializer_range=cfg.tiny.init_std)
     config._attn_implementation = "sdpa"  # training speed; evaluation uses the forward below
     return LlamaForCausalLM(config)
 

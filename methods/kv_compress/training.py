@@ -1,5 +1,6 @@
-"""Training the tiny Llama on the task mixture: loss on the answer tokens only, AdamW with a
-linear warm-up and cosine decay; validation loss and exact match on held-out examples."""
+"""Training the tiny Llama: a mixture of copy sequences, dense associative-recall sequences and the
+three tasks (loss on the supervised tokens only) under a length curriculum, AdamW with a linear
+warm-up and cosine decay; validation loss and exact match on held-out examples of the tasks."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ from typing import Callable
 import torch
 
 from icml.methods.kv_compress.config import TASKS
-from icml.methods.kv_compress.data import Example, generate
+from icml.methods.kv_compress.data import Example, copy_sequence, generate, recall_sequence
 
 
 def encode(tokenizer, example: Example) -> tuple[list[int], list[bool]]:
@@ -24,12 +25,20 @@ def encode(tokenizer, example: Example) -> tuple[list[int], list[bool]]:
     return ids, targets
 
 
+def encode_words(tokenizer, words: list[str], targets: list[bool]) -> tuple[list[int], list[bool]]:
+    """Ids of `<bos> words` (one id per word) and their loss targets."""
+    return [tokenizer.bos_token_id] + tokenizer.convert_tokens_to_ids(words), [False] + targets
+
+
 def batch(tokenizer, examples: list[Example]) -> dict[str, torch.Tensor]:
-    """Right-padded batch whose labels are −100 everywhere but the answer tokens. No attention mask:
+    return pad([encode(tokenizer, e) for e in examples], tokenizer.pad_token_id)
+
+
+def pad(encoded: list[tuple[list[int], list[bool]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch whose labels are −100 everywhere but the target tokens. No attention mask:
     with right padding and causal attention no real token sees a pad, and sdpa runs 2× faster."""
-    encoded = [encode(tokenizer, e) for e in examples]
     length = max(len(ids) for ids, _ in encoded)
-    ids = torch.full((len(encoded), length), tokenizer.pad_token_id)
+    ids = torch.full((len(encoded), length), pad_id)
     labels = torch.full((len(encoded), length), -100)
     for row, (sequence, targets) in enumerate(encoded):
         ids[row, :len(sequence)] = torch.tensor(sequence)
@@ -64,6 +73,37 @@ def lr_at(step: int, cfg) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def context_range(step: int, cfg) -> tuple[int, int]:
+    """The length curriculum: contexts of train_context_min..train_context_short words for the first
+    `curriculum_hold` of training (the induction circuit forms on short sequences, where steps are
+    cheap), then both ends grow linearly to context_min..context_max over `curriculum_grow`."""
+    start = cfg.curriculum_hold * cfg.steps
+    grow = cfg.curriculum_grow * cfg.steps
+    progress = (1.0 if step >= start else 0.0) if grow == 0 else min(1.0, max(0.0, (step - start) / grow))
+    low = cfg.train_context_min + (cfg.context_min - cfg.train_context_min) * progress
+    high = cfg.train_context_short + (cfg.context_max - cfg.train_context_short) * progress
+    return round(low), round(high)
+
+
+def training_batch(tokenizer, cfg, seed: int, step: int) -> dict[str, torch.Tensor]:
+    """The batch of `step`, from (seed, step) alone: one context length, batch_size rows while the
+    contexts are short and fewer (down to min_batch_size, about constant tokens) as they grow;
+    recall_fraction dense-recall rows, copy_fraction copy rows while the contexts are short (where the
+    induction circuit forms) and copy_fraction_long afterwards (without them the circuit decays as the
+    contexts grow, README), the rest the three tasks in turn."""
+    rng = random.Random(f"{seed}/train/{step}")
+    length = rng.randint(*context_range(step, cfg))
+    rows = max(cfg.min_batch_size, min(cfg.batch_size, cfg.batch_size * cfg.train_context_short // length))
+    copy = cfg.copy_fraction if step < cfg.curriculum_hold * cfg.steps else cfg.copy_fraction_long
+    n_copy, n_recall = round(rows * copy), round(rows * cfg.recall_fraction)
+    encoded = [encode_words(tokenizer, *copy_sequence(rng, length)) for _ in range(n_copy)]
+    encoded += [encode_words(tokenizer, *recall_sequence(rng, length, cfg.recall_repeats, cfg.recall_counts))
+                for _ in range(n_recall)]
+    encoded += [encode(tokenizer, generate(TASKS[i % len(TASKS)], i, rng, length, length, cfg.train_questions))
+                for i in range(rows - n_copy - n_recall)]
+    return pad(encoded, tokenizer.pad_token_id)
+
+
 def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example], start_step: int,
                 optimizer_state: dict | None, on_log: Callable[[int, dict], None],
                 on_checkpoint: Callable[[int, torch.optim.Optimizer], None], advance: Callable[[float], None]):
@@ -75,15 +115,7 @@ def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example
         optimizer.load_state_dict(optimizer_state)
     running = []
     for step in range(start_step, cfg.steps):
-        rng = random.Random(f"{seed}/train/{step}")
-        # a length curriculum: the longest context grows linearly to context_max over the first half of
-        # training (short contexts make the retrieval circuit form far sooner); one length per batch
-        # leaves no padding to waste compute on
-        longest = cfg.train_context_min + (cfg.context_max - cfg.train_context_min) * min(1.0, 2 * step / cfg.steps)
-        length = rng.randint(cfg.train_context_min, round(longest))
-        examples = [generate(TASKS[i % len(TASKS)], i, rng, length, length, cfg.train_questions)
-                    for i in range(cfg.batch_size)]
-        inputs = {k: v.to(device) for k, v in batch(tokenizer, examples).items()}
+        inputs = {k: v.to(device) for k, v in training_batch(tokenizer, cfg, seed, step).items()}
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss = model(**inputs).loss
