@@ -141,7 +141,8 @@ def run_job(cfg, seed: int, variant: str, dataset: str, budget: Budget, data_fil
         keep = np.isin(marks, np.unique(marks)[:budget.train_samples])
         x, y = x[keep], y[keep]
     test_x, test_y, test_mark = data["test_x"], data["test_y"], data["test_mark"]
-    val_x, val_y = data["val_x"], data["val_y"]
+    # data prepared before the validation split existed has none: no validation curve then
+    val_x, val_y = (data["val_x"], data["val_y"]) if "val_x" in data else (x[:0], y[:0])
     x, val_x = strip_input(x, variant, seed), strip_input(val_x, variant, seed + 2)
     test_x = strip_input(test_x, variant, seed + 1)
     tags = budget.tags(dataset, cfg.windows)
