@@ -81,14 +81,43 @@ def test_spec_metrics_and_identities(frame):
 def test_interpolation_table_and_report(tiny_run):
     interp = pd.read_parquet(tiny_run / "interp.parquet")
     assert list(interp.columns) == ["run_id", "pair", "stage", "alpha", "split", "metric", "value"]
-    assert set(interp["pair"]) == {"mae_m75|mae_m50", "stock_ft|self_soup_uniform"}
+    assert set(interp["pair"]) == {"mae_m75|mae_m50", "stock_ft|self_soup_uniform", "stock_ft|diff_init"}
     assert sorted(interp["alpha"].unique()) == pytest.approx([i / 10 for i in range(11)])
     assert set(interp["metric"]) == {"loss", "acc", "knn_acc"}
+    start = interp[(interp["alpha"] == 0) & (interp["metric"] == "loss")].set_index("pair")["value"]
+    assert start["stock_ft|diff_init"] == start["stock_ft|self_soup_uniform"]  # both paths leave from stock_ft
     html = (tiny_run.parent.parent / "r.html").read_text()
     for title in ("Variants side by side", "Corruption types × variants", "SSL encoders", "Soup weights",
                   "Interpolation barriers"):
         assert title in html
     assert html.count("data:image/png;base64,") == 6
+
+
+def test_diff_init_differs_from_stock_ft_only_by_the_init(tmp_path, monkeypatch):
+    """With the init seed offset set to 0, the diff_init control is stock_ft bit for bit: the batches,
+    the probe and the fine-tune are the same recipe, so the pair's barrier measures the init alone."""
+    import torch
+
+    from icml.cli.main import main
+    from icml.methods.soup import pipeline
+
+    monkeypatch.setattr(pipeline, "DIFF_INIT_SEED_OFFSET", 0)
+    argv = ["soup", "train", *TINY, "--set", "ingredients=mae", "--set", "controls=false",
+            "--set", "supervised.lr_multipliers=1", "--set", "supervised.seeds=1",
+            "--runs-dir", str(tmp_path), "--quiet"]
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code in (0, None)
+    (run,) = (tmp_path / "soup").iterdir()
+    units = run / "checkpoints" / "units"
+    assert sorted(p.name for p in units.glob("*diff_init*")) == \
+        ["diff_init.pt", "diff_init_h0.pt", "diff_init_stock.pt"]
+    for ours, theirs in (("diff_init_stock", "stock"), ("diff_init_h0", "h0"), ("diff_init", "stock_ft")):
+        a = torch.load(units / f"{ours}.pt", weights_only=False)["state"]
+        b = torch.load(units / f"{theirs}.pt", weights_only=False)["state"]
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_checkpoints_load_with_from_pretrained(tiny_run):

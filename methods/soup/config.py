@@ -109,6 +109,7 @@ class SoupConfig:
     eval_val: int = 150  # val images corrupted (seen types) for val-shift scores and greedy.on=val_shift
     controls: bool = True  # soup_clean_ssl: one ingredient per algorithm cooked on clean train images
     interpolation: bool = True
+    diff_init: bool = True  # with interpolation: the negative-control pair stock_ft | the same recipe from another init
     knn_k: int = 20
     knn_temperature: float = 0.07
     data: str | None = None  # a class-subfolder image folder (--data)

@@ -22,6 +22,7 @@ from icml.cli.runstore import atomic_torch_save
 TEST_ID_OFFSET = 1_000_000  # corruption seeds: val images are ids 0…, test images 1e6 + i
 INTERP_PAIRS = (("mae_m75", "mocov3_t0.2"),)
 ALPHAS = [round(0.1 * i, 1) for i in range(11)]
+DIFF_INIT_SEED_OFFSET = 7919  # diff_init's stock init seed = run seed + this
 KNN_SHIFT_IMAGES = 1000  # seen-type corrupted test images for an SSL encoder's shifted knn_acc
 
 
@@ -161,13 +162,12 @@ def _tags(**tags) -> dict:
 
 # train ---------------------------------------------------------------------------------------------------
 def train(ctx: RunContext) -> None:
-    import torch
     from transformers.utils import logging as hf_logging
 
     from icml.cli.threads import single_thread
-    from icml.methods.soup.soups import features_of, fine_tune, fit_probe
-    from icml.methods.soup.ssl import cook, pretrain_mae
-    from icml.methods.soup.vit import encoder_of
+    from icml.methods.soup.soups import fine_tune
+    from icml.methods.soup.ssl import cook
+    from icml.methods.soup.vit import build_stock, encoder_of
 
     hf_logging.disable_progress_bar()
     cfg = ctx.config
@@ -182,39 +182,11 @@ def train(ctx: RunContext) -> None:
         ctx.record([{"variant": "data", "metric": "wall_s", "value": time.time() - started, "stage": "data"}],
                    split="train")
 
-        # θ₀ -------------------------------------------------------------------------------------
-        done = saved(ctx, "stock")
-        if done is not None:
-            stock.load_state_dict(done["state"])
-        elif not loaded and cfg.stock.steps > 0:
-            started = time.time()
-            with ctx.progress("stock: MAE pre-training", None):
-                clean = torch.cat([data.train.images, data.val.images])
-                stock, curve = pretrain_mae(stock, clean, cfg.stock.steps, cfg.stock.batch_size, cfg.stock.lr,
-                                            cfg.stock.mask, ctx.seed, ctx.device)
-            ctx.record([{"variant": "stock", "metric": "ssl_loss", "value": v, "step": s, "stage": "ssl",
-                         "algo": "mae", "ssl_pool": "clean"} for s, v in curve]
-                       + [{"variant": "stock", "metric": "wall_s", "value": time.time() - started, "stage": "ssl"}],
-                       split="train")
-            save_unit(ctx, "stock", {"state": stock.state_dict()})
-        else:
-            save_unit(ctx, "stock", {"state": stock.state_dict()})
-        stock = stock.to(ctx.device).eval()
+        # θ₀ and h0 ------------------------------------------------------------------------------
+        stock = pretrained_stock(ctx, data, "stock", stock, loaded)
         stock.save_pretrained(ctx.checkpoints / "hf" / "stock")
         encoder = encoder_of(stock)
-
-        # h0 --------------------------------------------------------------------------------------
-        done = saved(ctx, "h0")
-        if done is None:
-            train_z = features_of(encoder, data.train.images, ctx.device)
-            val_z = features_of(encoder, data.val.images, ctx.device)
-            head, lr = fit_probe(train_z, data.train.labels, val_z, data.val.labels, len(data.classes),
-                                 cfg.ft.probe_lrs, cfg.ft.probe_steps, ctx.seed)
-            done = {"state": head.state_dict(), "lr": lr}
-            save_unit(ctx, "h0", done)
-        head = torch.nn.Linear(encoder.config.hidden_size, len(data.classes))
-        head.load_state_dict(done["state"])
-        ctx.log(f"h0: linear probe on standardised stock features, lr {done['lr']:g} (picked on val)")
+        head = probe_head(ctx, data, "h0", encoder)
 
         # ingredients ------------------------------------------------------------------------------
         jobs = [(r, "shift") for r in recipes]
@@ -263,6 +235,79 @@ def train(ctx: RunContext) -> None:
                     save_unit(ctx, name, {"state": model.state_dict()})
                     save_classifier(model, ctx.checkpoints / "hf" / name)
                 advance(1)
+
+        # diff_init: the interpolation's negative control, the stock_ft recipe from another random init ----
+        if cfg.interpolation and cfg.diff_init:
+            if loaded:
+                ctx.log("diff_init skipped: the stock comes from --model, so there is no other init to train")
+            elif saved(ctx, "diff_init") is None:
+                started = time.time()
+                other = build_stock(cfg.vit, channels, diff_init_seed(ctx.seed))
+                other = pretrained_stock(ctx, data, "diff_init_stock", other, loaded=False)
+                other_encoder = encoder_of(other)
+                other_head = probe_head(ctx, data, "diff_init_h0", other_encoder)
+                model, curve = fine_tune(other_encoder, other_head, data.train.images, data.train.labels,
+                                         cfg.ft.steps, cfg.ft.batch_size, cfg.ft.lr, cfg.ft.weight_decay,
+                                         cfg.ft.warmup_frac, ctx.seed, ctx.device)
+                ctx.record([{"variant": "diff_init", "metric": "ft_loss", "value": v, "step": s, "stage": "ft"}
+                            for s, v in curve]
+                           + [{"variant": "diff_init", "metric": "wall_s", "value": time.time() - started,
+                               "stage": "ft"}], split="train")
+                save_unit(ctx, "diff_init", {"state": model.state_dict()})
+                save_classifier(model, ctx.checkpoints / "hf" / "diff_init")
+
+
+def diff_init_seed(seed: int) -> int:
+    """The init seed of the diff_init stock: only the init differs (batches and fine-tune use the run's seed)."""
+    return seed + DIFF_INIT_SEED_OFFSET
+
+
+def pretrained_stock(ctx: RunContext, data: Data, unit: str, stock, loaded: bool):
+    """θ₀: MAE pre-training of `stock` on the clean train+val images (unless it came from --model or
+    stock.steps is 0), saved as `unit`; --resume reloads it."""
+    import torch
+
+    from icml.methods.soup.ssl import pretrain_mae
+
+    cfg = ctx.config
+    done = saved(ctx, unit)
+    if done is not None:
+        stock.load_state_dict(done["state"])
+    elif not loaded and cfg.stock.steps > 0:
+        started = time.time()
+        with ctx.progress(f"{unit}: MAE pre-training", None):
+            clean = torch.cat([data.train.images, data.val.images])
+            stock, curve = pretrain_mae(stock, clean, cfg.stock.steps, cfg.stock.batch_size, cfg.stock.lr,
+                                        cfg.stock.mask, ctx.seed, ctx.device)
+        ctx.record([{"variant": unit, "metric": "ssl_loss", "value": v, "step": s, "stage": "ssl",
+                     "algo": "mae", "ssl_pool": "clean"} for s, v in curve]
+                   + [{"variant": unit, "metric": "wall_s", "value": time.time() - started, "stage": "ssl"}],
+                   split="train")
+        save_unit(ctx, unit, {"state": stock.state_dict()})
+    else:
+        save_unit(ctx, unit, {"state": stock.state_dict()})
+    return stock.to(ctx.device).eval()
+
+
+def probe_head(ctx: RunContext, data: Data, unit: str, encoder):
+    """h0: the linear probe on standardised features of `encoder`, its lr picked on val; saved as `unit`."""
+    import torch
+
+    from icml.methods.soup.soups import features_of, fit_probe
+
+    cfg = ctx.config
+    done = saved(ctx, unit)
+    if done is None:
+        train_z = features_of(encoder, data.train.images, ctx.device)
+        val_z = features_of(encoder, data.val.images, ctx.device)
+        head, lr = fit_probe(train_z, data.train.labels, val_z, data.val.labels, len(data.classes),
+                             cfg.ft.probe_lrs, cfg.ft.probe_steps, ctx.seed)
+        done = {"state": head.state_dict(), "lr": lr}
+        save_unit(ctx, unit, done)
+    head = torch.nn.Linear(encoder.config.hidden_size, len(data.classes))
+    head.load_state_dict(done["state"])
+    ctx.log(f"{unit}: linear probe on standardised features, lr {done['lr']:g} (picked on val)")
+    return head
 
 
 def variant_name(recipe_name: str, pool: str) -> str:
@@ -672,6 +717,12 @@ class Evaluation:
         paths = [(f"{a}|{b}", self.ft["ingredient_" + a], self.ft["ingredient_" + b], "ft") for a, b in pairs]
         paths += [(f"{a}|{b}", self.ssl["ingredient_" + a], self.ssl["ingredient_" + b], "ssl") for a, b in pairs]
         paths.append(("stock_ft|self_soup_uniform", self.states["stock_ft"], self.states["self_soup_uniform"], "ft"))
+        if cfg.diff_init:
+            other = saved(self.ctx, "diff_init")
+            if other is not None:
+                paths.append(("stock_ft|diff_init", self.states["stock_ft"], other["state"], "ft"))
+            else:
+                self.ctx.log("diff_init: this run has no diff_init checkpoint (trained without it); pair skipped")
         table = []
         for pair, state_a, state_b, stage in paths:
             losses = []
