@@ -33,7 +33,13 @@ def test_every_variant_metric_and_tag(metrics):
     assert SPEC_METRICS <= set(metrics["metric"])
     assert set(metrics["variant"]) == set(VARIANTS) - {"partition_metis"}  # pymetis is not installed here
     scored = metrics[metrics["metric"] == "auroc"]
-    assert set(scored["group"]) == {"all", "str_strong", "str_weak", "ctx_strong", "ctx_weak"}
+    assert set(scored["group"]) == {"all", "str_strong", "str_weak", "ctx_strong", "ctx_weak",
+                                    "str_strong_intact", "str_weak_intact"}  # the last two: diagnostic
+    # at K=1 no clique is split, so a structural group and its intact members differ at most by the members
+    # whose clique edges were all dropped (none in a strong clique)
+    k1 = scored[(scored["K"] == 1) & scored["group"].isin(["str_strong", "str_strong_intact"])]
+    k1 = k1.pivot_table(index=["variant", "agg"], columns="group", values="value")
+    np.testing.assert_array_equal(k1["str_strong"], k1["str_strong_intact"])
     assert set(scored["agg"]) == {"client_weighted", "pooled"}
     assert scored[["K", "partition", "dataset", "inject_id"]].notna().all().all()
     assert set(scored.loc[scored["variant"] == "mvfgad", "K"]) == {1, 3}
@@ -86,7 +92,8 @@ def test_tables_and_run_record(tiny_run, metrics):
 
 def test_report_renders(tiny_run):
     html = (tiny_run.parent.parent / "r.html").read_text()
-    titles = ("AUROC per anomaly group", "AP per anomaly group", "Ablations — AUROC at K=3", "Communication and cost")
+    titles = ("AUROC per anomaly group", "AP per anomaly group", "Ablations — AUROC at K=3", "Communication and cost",
+              "Structural groups: all members vs intact cliques")
     for title in titles:
         assert title in html
     assert html.count("data:image/png;base64,") == 5

@@ -252,3 +252,25 @@ def test_injection_into_a_user_graph_keeps_organic_anomalies(tmp_path):
     cfg.inject = None  # files: no injection unless asked
     graph, rows, inject_id = build_graph(cfg, seed=5)
     assert rows == [] and inject_id == "none" and graph.group_names == ["normal", "anomaly"]
+
+
+def test_intact_clique_members_on_a_hand_made_graph():
+    """A 5-clique split 3 | 2 across two clients: each member of the 3 keeps 2 of its 4 clique edges (half:
+    intact), each of the 2 keeps 1 of 4 (stranded); a 3-member clique kept whole is intact; a clique member
+    whose clique edges were all dropped is no structural anomaly at all; contextual anomalies never count."""
+    from icml.methods.fgad.pipeline import intact_members
+
+    pairs = [(a, b) for i, a in enumerate(range(5)) for b in range(i + 1, 5)]  # clique 0: nodes 0-4
+    pairs += [(5, 6), (5, 7), (6, 7)]  # clique 1 (str_weak): nodes 5-7; node 8 is in it with no edge left
+    pairs += [(0, 9), (3, 9), (5, 9)]  # ordinary edges to node 9
+    edges = np.array(pairs + [(b, a) for a, b in pairs]).T
+    injection = [{"node_id": v, "group": "str_strong", "atype": "str", "clique_id": 0} for v in range(5)]
+    injection += [{"node_id": v, "group": "str_weak", "atype": "str", "clique_id": 0} for v in (5, 6, 7, 8)]
+    injection += [{"node_id": 9, "group": "ctx_strong", "atype": "ctx", "clique_id": -1}]
+    client = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1, 0])
+    intact = intact_members(edges, injection, client)
+    assert set(intact) == {"str_strong_intact", "str_weak_intact"}
+    assert np.flatnonzero(intact["str_strong_intact"]).tolist() == [0, 1, 2]
+    assert np.flatnonzero(intact["str_weak_intact"]).tolist() == [5, 6, 7]
+    whole = intact_members(edges, injection, np.zeros(10, dtype=int))  # one client: every clique intact
+    assert np.flatnonzero(whole["str_strong_intact"]).tolist() == [0, 1, 2, 3, 4]
