@@ -7,7 +7,8 @@ train: builds the graph per seed (SBM + injection, or a user file), then runs ev
   The training losses go to metrics.parquet; partition.parquet and injection.parquet are written.
 eval: turns every job's selected scores into the spec's metrics (per group, client-weighted and
   pooled; plus the diagnostic `<group>_intact` clique members), client_metrics.parquet and
-  score_histogram.parquet (mvfgad's fused test scores at the largest K, first seed). All model selection happened on validation AUROC in train.
+  score_histogram.parquet (mvfgad's fused test scores at the largest K, first seed). All model
+  selection happened on validation AUROC in train.
 """
 from __future__ import annotations
 
