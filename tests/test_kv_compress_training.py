@@ -1,32 +1,28 @@
 """kv-compress training data: every supervised token of the dense sequences is the answer its
-prefix determines (checked by an independent replay), the curriculum and batches are deterministic
-from (seed, step), and the recipe's config keys are validated."""
+prefix determines (checked by an independent replay), the row mixture and curriculum are exact and
+deterministic from (seed, step), and the recipe's config keys are validated."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from icml.methods.kv_compress.config import KvCompressConfig, validate
-from icml.methods.kv_compress.data import CUE, KEYS, VALUES, build_tokenizer, copy_sequence, recall_sequence
-from icml.methods.kv_compress.training import context_range, training_batch
+from icml.methods.kv_compress.config import KvCompressConfig, row_mixture, validate
+from icml.methods.kv_compress.data import (CUE, FILLER, KEYS, VALUES, build_tokenizer, context_count_sequence,
+                                           context_recall_sequence, copy_sequence, cue_copy_sequence, recall_sequence)
+from icml.methods.kv_compress.training import context_range, row_counts, training_batch
 
 
 def _replay(words: list[str]) -> list[bool]:
-    """Which words a reader who only knows the format can predict, asserting each prediction: a value
-    after a key already paired, the value of `? k =`, and the count digit of `count v ? =`."""
+    """Which words a reader who only knows the format can predict, asserting each prediction: the value
+    of `? k =` once `k v ;` was seen (a key is never paired twice), the count digit of `count v ? =`."""
     pairs: dict[str, str] = {}
     predicted = []
     for i, word in enumerate(words):
         before = words[max(0, i - 4):i]
         if word in VALUES and before[-1:] and before[-1] in KEYS and before[-2:-1] != ["?"]:
-            key = before[-1]
-            assert words[i + 1] == ";"  # a pair is `k v ;`
-            if key in pairs:
-                assert pairs[key] == word, "a repeated key keeps its value"
-                predicted.append(True)
-                continue
-            pairs[key] = word
+            assert words[i + 1] == ";" and before[-1] not in pairs  # a pair is `k v ;`, keys unique
+            pairs[before[-1]] = word
         elif len(before) >= 3 and before[-3] == "?" and before[-2] in KEYS and before[-1] == CUE:
             assert pairs[before[-2]] == word, "retrieval answer"
             predicted.append(True)
@@ -39,31 +35,53 @@ def _replay(words: list[str]) -> list[bool]:
     return predicted
 
 
-@pytest.mark.parametrize("repeats, counts", [(0.5, 0.25), (0.0, 1.0), (1.0, 0.0), (0.0, 0.0)])
-def test_recall_targets_are_exactly_the_predictable_answers(repeats, counts):
+@pytest.mark.parametrize("builder", ["recall", "context_recall", "context_count"])
+def test_recall_targets_are_exactly_the_predictable_answers(builder):
     rng = random.Random(7)
-    kinds = {"repeat": 0, "count": 0, "retrieval": 0}
     for _ in range(60):
         length = rng.randint(16, 320)
-        words, targets = recall_sequence(rng, length, repeats, counts)
+        if builder == "recall":
+            words, targets = recall_sequence(rng, length, (2, 8))
+            n_pairs = words.index("?") // 3
+            assert 2 <= n_pairs <= 8 and not set(words) & set(FILLER)  # no filler in a dense recall row
+        else:
+            sequence = context_recall_sequence if builder == "context_recall" else context_count_sequence
+            words, targets = sequence(rng, length)
+            first_query = words.index("?") - (builder == "context_count") * 2  # `count v ?` starts 2 earlier
+            assert first_query == max(8, int(0.75 * length))  # the context fills 3/4 of the row
         assert len(words) == len(targets) and length <= len(words) < length + 5
         assert targets == _replay(words) and any(targets)
-        for i in (i for i, t in enumerate(targets) if t):
-            kinds["count" if words[i - 4] == "count" else "retrieval" if words[i - 3] == "?" else "repeat"] += 1
-    assert (kinds["repeat"] > 0) == (repeats > 0) and (kinds["count"] > 0) == (counts > 0 and repeats < 1)
-    assert (kinds["retrieval"] > 0) == (repeats < 1 and counts < 1)
 
 
-def test_copy_sequence_targets_the_repetition():
-    words, targets = copy_sequence(random.Random(3), 41)
-    assert len(words) == 40 and words[:20] == words[20:]
-    assert targets == [False] * 21 + [True] * 19
+def test_cue_copy_targets_follow_the_word_before_the_cue():
+    for length in (16, 41, 96, 320):
+        words, targets = cue_copy_sequence(random.Random(length), length)
+        m = max(3, length // 3)
+        first, second = words[:m], words[m:]
+        assert second == [first[0]] + [w for x in first[1:] for w in (CUE, x)]
+        assert targets == [False] * (m + 1) + [False, True] * (m - 1)
+        for i in (i for i, t in enumerate(targets) if t):  # the answer follows, in the first part, an
+            previous = words[i - 2]  # occurrence of the word before the cue
+            assert words[i - 1] == CUE and any(first[j] == previous and first[j + 1] == words[i] for j in range(m - 1))
 
 
 def test_dense_sequences_are_deterministic():
-    assert recall_sequence(random.Random(5), 200, 0.5, 0.25) == recall_sequence(random.Random(5), 200, 0.5, 0.25)
-    assert recall_sequence(random.Random(5), 200, 0.5, 0.25) != recall_sequence(random.Random(6), 200, 0.5, 0.25)
-    assert copy_sequence(random.Random(5), 64) == copy_sequence(random.Random(5), 64)
+    for builder in (lambda r: recall_sequence(r, 200, (2, 8)), lambda r: context_recall_sequence(r, 200),
+                    lambda r: context_count_sequence(r, 200),
+                    lambda r: cue_copy_sequence(r, 200), lambda r: copy_sequence(r, 64)):
+        assert builder(random.Random(5)) == builder(random.Random(5)) != builder(random.Random(6))
+    words, targets = copy_sequence(random.Random(3), 41)
+    assert len(words) == 40 and words[:20] == words[20:] and targets == [False] * 21 + [True] * 19
+
+
+@pytest.mark.parametrize("weights", [[1, 1, 1], [1, 1, 2, 2], [3], [0.5, 2.5]])
+def test_row_counts_sum_to_the_batch_and_follow_the_weights(weights):
+    mixture = [(f"k{i}", w) for i, w in enumerate(weights)]
+    for rows in range(1, 65):
+        counts = row_counts(mixture, rows)
+        assert sum(counts) == rows and all(c >= 0 for c in counts)
+        assert all(abs(c - rows * w / sum(weights)) < 1 for c, w in zip(counts, weights))
+    assert row_counts([("a", 1), ("b", 1), ("c", 1)], 32) == [11, 10, 11]
 
 
 def test_curriculum_holds_short_then_grows_to_eval_lengths():
@@ -75,33 +93,46 @@ def test_curriculum_holds_short_then_grows_to_eval_lengths():
     assert context_range(4, jump) == (32, 64) and context_range(5, jump) == (160, 320)
 
 
-def test_training_batch_labels_only_targets_and_is_deterministic():
+def _kind(words: list[str]) -> str:
+    if "?" not in words and CUE in words:
+        return "cue_copy"
+    if "?" not in words:
+        return "copy"
+    return "recall" if not set(words[:words.index("?")]) & set(FILLER) else "context_row_or_task"
+
+
+def test_training_batch_follows_the_mixture_and_is_deterministic():
     tokenizer = build_tokenizer()
     cfg = KvCompressConfig(steps=100)
     first = training_batch(tokenizer, cfg, 0, 3)
     assert all((first[k] == training_batch(tokenizer, cfg, 0, 3)[k]).all() for k in first)
     assert first["input_ids"].shape != training_batch(tokenizer, cfg, 0, 4)["input_ids"].shape \
         or (first["input_ids"] != training_batch(tokenizer, cfg, 0, 4)["input_ids"]).any()
-    ids, labels = first["input_ids"], first["labels"]
-    assert ids.shape[0] == cfg.batch_size and (ids[:, 0] == tokenizer.bos_token_id).all()
-    supervised = labels != -100
-    assert (labels[supervised] == ids[supervised]).all() and supervised.any(1).all()
-    n_copy = round(cfg.batch_size * cfg.copy_fraction)
-    length = int((ids[0] != tokenizer.pad_token_id).sum())  # a copy row: <bos>, then a word sequence twice
-    assert ids[0, 1:length // 2 + 1].tolist() == ids[0, length // 2 + 1:length].tolist() and n_copy > 0
-    late = training_batch(tokenizer, cfg, 0, 99)["input_ids"]  # long contexts: fewer rows, fewer copies
-    assert cfg.min_batch_size <= late.shape[0] < cfg.batch_size and late.shape[1] > cfg.context_min
-
-    def copies(ids):
-        return sum(row[1:(n + 1) // 2].tolist() == row[(n + 1) // 2:n].tolist()
-                   for row, n in zip(ids, (ids != tokenizer.pad_token_id).sum(1).tolist()))
-    assert copies(ids) == n_copy and copies(late) == round(late.shape[0] * cfg.copy_fraction_long)
+    for step, mixture in ((3, cfg.rows_short), (99, cfg.rows_long)):
+        batch = training_batch(tokenizer, cfg, 0, step)
+        ids, labels = batch["input_ids"], batch["labels"]
+        assert (ids[:, 0] == tokenizer.bos_token_id).all()
+        supervised = labels != -100
+        assert (labels[supervised] == ids[supervised]).all() and supervised.any(1).all()
+        rows = [tokenizer.convert_ids_to_tokens([i for i in row[1:].tolist() if i != tokenizer.pad_token_id])
+                for row in ids]
+        kinds = [_kind(r) for r in rows]
+        counts = dict(zip([k for k, _ in row_mixture(mixture)], row_counts(row_mixture(mixture), len(rows))))
+        if step == 3:
+            assert len(rows) == cfg.batch_size and set(counts) == {"copy", "cue_copy", "recall"}
+            assert all(kinds.count(kind) == counts[kind] for kind in counts)
+        else:  # long contexts: fewer rows; context rows and the tasks all hold filler before `?`
+            assert cfg.min_batch_size <= len(rows) < cfg.batch_size and ids.shape[1] > cfg.context_min
+            assert kinds.count("copy") == counts["copy"] and kinds.count("cue_copy") == counts["cue_copy"]
+            assert kinds.count("context_row_or_task") == counts["context_recall"] + counts["context_count"] \
+                + counts["tasks"]
 
 
 @pytest.mark.parametrize("changes, problem", [
-    ({"copy_fraction": 0.6, "recall_fraction": 0.6}, "copy_fraction \\(and copy_fraction_long\\) \\+"),
-    ({"copy_fraction_long": 0.6}, "copy_fraction \\(and copy_fraction_long\\) \\+"),
-    ({"recall_counts": 1.5}, "recall_counts must be in"),
+    ({"rows_short": "copy:1,induction:1"}, "rows_short: unknown row kind 'induction'"),
+    ({"rows_long": "copy:-1"}, "rows_long: weight of 'copy' must be positive"),
+    ({"rows_long": "copy:x"}, "rows_long: weight of 'copy' must be a number"),
+    ({"recall_pairs": [5, 2]}, "recall_pairs must be min,max"),
     ({"curriculum_hold": 0.8, "curriculum_grow": 0.3}, "curriculum_hold \\+ curriculum_grow"),
     ({"train_context_short": 20}, "train_context_min <= train_context_short"),
     ({"min_batch_size": 64}, "min_batch_size <= batch_size"),

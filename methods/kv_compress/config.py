@@ -16,6 +16,8 @@ POOLS = ("max", "avg")
 GQA_AGGS = ("mean", "max")
 ENTROPY_NORMS = ("history", "prompt")  # log(N−w) as the reproduction, or log N
 SCORINGS = ("exact", "f1")
+# the kinds of training rows (training.training_batch)
+ROW_KINDS = ("copy", "cue_copy", "recall", "context_recall", "context_count", "tasks")
 
 
 @dataclass
@@ -55,8 +57,8 @@ class KvCompressConfig:
     context_max: int = 320
     train_context_min: int = 32  # training contexts start at train_context_min..train_context_short
     train_context_short: int = 64  # words (a length curriculum, training.context_range)
-    curriculum_hold: float = 0.4  # fraction of the steps on short contexts
-    curriculum_grow: float = 0.3  # then the lengths grow to context_min..context_max over this fraction
+    curriculum_hold: float = 0.5  # fraction of the steps on short contexts
+    curriculum_grow: float = 0.25  # then the lengths grow to context_min..context_max over this fraction
     data: str | None = None  # a JSONL file (--data): context/question/answer or context/input/answers
     scoring: str = "exact"  # exact | f1 (token F1, for --data files with free-form answers)
     max_new_tokens: int = 16  # greedy answer length cap for --data files
@@ -64,11 +66,9 @@ class KvCompressConfig:
     steps: int = 2000  # the spec says 3000 (README)
     batch_size: int = 32  # rows at short lengths; fewer as they grow (about constant tokens)
     min_batch_size: int = 16  # rows at long lengths
-    copy_fraction: float = 0.5  # rows of copy sequences (data.copy_sequence) while contexts are short
-    copy_fraction_long: float = 0.25  # … and once they grow
-    recall_fraction: float = 0.5  # rows of dense associative recall (data.recall_sequence); rest: the tasks
-    recall_repeats: float = 0.5  # recall queries that repeat a pair `k v ;`
-    recall_counts: float = 0.25  # of the other recall queries, counts (`count v ? =`); the rest retrievals
+    rows_short: str = "copy:1,cue_copy:1,recall:1"  # row kind:weight of a batch while contexts are short
+    rows_long: str = "copy:1,cue_copy:1,context_recall:2,context_count:1,tasks:2"  # … once they grow (ROW_KINDS)
+    recall_pairs: list[int] = field(default_factory=lambda: [2, 8])  # pairs of a dense recall row: min, max
     lr: float = 3e-3  # the spec says 1e-3 (README)
     weight_decay: float = 0.01
     warmup_steps: int = 100
@@ -108,6 +108,23 @@ def preset(name: str) -> KvCompressConfig:
     return cfg
 
 
+def row_mixture(text: str, key: str = "rows") -> list[tuple[str, float]]:
+    """`kind:weight,…` → [(kind, weight)], e.g. "copy:1,recall:2"; a bad entry is a one-line ValueError."""
+    mixture = []
+    for part in text.split(","):
+        kind, _, weight = part.strip().partition(":")
+        if kind not in ROW_KINDS:
+            raise ValueError(f"{key}: unknown row kind '{kind}'; valid: {', '.join(ROW_KINDS)}")
+        try:
+            value = float(weight or 1)
+        except ValueError:
+            raise ValueError(f"{key}: weight of '{kind}' must be a number, not '{weight}'") from None
+        if value <= 0:
+            raise ValueError(f"{key}: weight of '{kind}' must be positive, not {weight}")
+        mixture.append((kind, value))
+    return mixture
+
+
 def validate(cfg: KvCompressConfig) -> None:
     """Reject values the runs cannot use, in one line each."""
     unknown = [v for v in cfg.variants if v not in VARIANTS]
@@ -139,14 +156,15 @@ def validate(cfg: KvCompressConfig) -> None:
     if not 8 <= cfg.train_context_min <= cfg.train_context_short <= cfg.context_max:
         raise ValueError(f"need 8 <= train_context_min <= train_context_short <= context_max, not "
                          f"{cfg.train_context_min}, {cfg.train_context_short}, {cfg.context_max}")
-    for key in ("copy_fraction", "copy_fraction_long", "recall_fraction", "recall_repeats", "recall_counts", "curriculum_hold",
-                "curriculum_grow"):
+    for key in ("rows_short", "rows_long"):
+        row_mixture(getattr(cfg, key), key)
+    if len(cfg.recall_pairs) != 2 or not 1 <= cfg.recall_pairs[0] <= cfg.recall_pairs[1] <= 40:
+        raise ValueError(f"recall_pairs must be min,max with 1 <= min <= max <= 40 (the keys), not {cfg.recall_pairs}")
+    for key in ("curriculum_hold", "curriculum_grow"):
         if not 0 <= getattr(cfg, key) <= 1:
             raise ValueError(f"{key} must be in [0, 1], not {getattr(cfg, key)}")
-    if max(cfg.copy_fraction, cfg.copy_fraction_long) + cfg.recall_fraction > 1 \
-            or cfg.curriculum_hold + cfg.curriculum_grow > 1:
-        raise ValueError("copy_fraction (and copy_fraction_long) + recall_fraction and "
-                         "curriculum_hold + curriculum_grow must be <= 1")
+    if cfg.curriculum_hold + cfg.curriculum_grow > 1:
+        raise ValueError("curriculum_hold + curriculum_grow must be <= 1")
     if cfg.min_batch_size > cfg.batch_size or cfg.tiny.init_std <= 0:
         raise ValueError("need min_batch_size <= batch_size and tiny.init_std > 0")
     if cfg.context_max + 8 > cfg.tiny.max_position and not cfg.model:

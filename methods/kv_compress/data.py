@@ -92,53 +92,69 @@ def generate(task: str, example_id: int, rng: random.Random, context_min: int, c
 
 
 # ---------------------------------------------------------------------------------------------
-# Dense training sequences (training only; README "Training recipe"). Both return the words after
-# `<bos>` and which of them are loss targets, and every target is predictable from its prefix.
+# Dense training sequences (training only; README "Training recipe"). Each returns the words after
+# `<bos>` and which of them are loss targets; every target is predictable from its prefix (in a
+# cue copy, up to words that occur twice in its first part).
 # ---------------------------------------------------------------------------------------------
-RECALL_FILLER = 0.5  # share of filler words in a recall sequence (the eval contexts hold 40–60 %)
-
-
 def copy_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
     """length//2 random words, then the same words again; targets: the repetition after its first word.
-    Only a lookup of the earlier occurrence predicts a repeated word, and these sequences give the
-    model its first phase change (README: it did not carry over to the key lookup)."""
+    Only a lookup of the earlier occurrence predicts a repeated word: the query is the current word."""
     half = [rng.choice(KEYS + VALUES + FILLER) for _ in range(length // 2)]
     return half + half, [False] * (len(half) + 1) + [True] * (len(half) - 1)
 
 
-def recall_sequence(rng: random.Random, length: int, repeat_fraction: float,
-                    count_fraction: float) -> tuple[list[str], list[bool]]:
-    """Multi-query associative recall in the tasks' own format: pairs `k v ;` with unique keys appear
-    over time among filler, and between them, about one supervised query per pair on an earlier pair
-    (chosen uniformly, so repeats happen and no elimination helps): a repeated `k v ;`
-    (`repeat_fraction`; target v), a count `count v ? = n` (`count_fraction` of the rest; target n =
-    pairs so far with value v, mod 10) or a retrieval `? k = v` (target v). Stops at >= `length` words."""
-    n_pairs = max(2, min(len(KEYS), int(length * (1 - RECALL_FILLER) / 7)))  # 7 words per pair + query
-    unseen = rng.sample(KEYS, n_pairs)
-    seen: list[tuple[str, str]] = []
-    words: list[str] = []
-    targets: list[bool] = []
+def cue_copy_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
+    """m = length//3 random words x1…xm, then `x1 = x2 = … = xm`; targets: the word after each `=`, the
+    one that followed the word before the cue in the first part. This is the match `? k =` needs: the
+    query is the token BEFORE the cue, compared with positions whose previous token equals it. A plain
+    copy matches the current token instead, and that circuit alone never served the lookup (README)."""
+    first = [rng.choice(KEYS + VALUES + FILLER) for _ in range(max(3, length // 3))]
+    words, targets = first + [first[0]], [False] * (len(first) + 1)
+    for word in first[1:]:
+        words += [CUE, word]
+        targets += [False, True]
+    return words, targets
+
+
+def _ask_until(rng: random.Random, words: list[str], pairs: list[tuple[str, str]],
+               length: int) -> tuple[list[str], list[bool]]:
+    """`words` (no targets), then retrieval queries `? k = v` on uniformly drawn pairs (with
+    replacement) until >= `length` words; targets: the answers v."""
+    targets = [False] * len(words)
     while len(words) < length:
-        if rng.random() < RECALL_FILLER:
-            words.append(rng.choice(FILLER))
-            targets.append(False)
-        elif unseen and (not seen or rng.random() < 0.5):
-            key, value = unseen.pop(), rng.choice(VALUES)
-            seen.append((key, value))
-            words += [key, value, ";"]
-            targets += [False, False, False]
-        elif rng.random() < repeat_fraction:
-            key, value = rng.choice(seen)
-            words += [key, value, ";"]
-            targets += [False, True, False]
-        elif rng.random() < count_fraction:
-            value = rng.choice(VALUES)
-            words += ["count", value, "?", CUE, str(sum(v == value for _, v in seen) % 10)]
-            targets += [False, False, False, False, True]
-        else:
-            key, value = rng.choice(seen)
-            words += ["?", key, CUE, value]
-            targets += [False, False, False, True]
+        key, value = rng.choice(pairs)
+        words = words + ["?", key, CUE, value]
+        targets += [False, False, False, True]
+    return words, targets
+
+
+def recall_sequence(rng: random.Random, length: int, n_pairs: tuple[int, int]) -> tuple[list[str], list[bool]]:
+    """Dense multi-query associative recall without filler: n ∈ n_pairs pairs `k v ;` (unique keys),
+    then `? k = v` queries to the end. Few pairs and many queries: where the lookup forms."""
+    keys = rng.sample(KEYS, rng.randint(*n_pairs))
+    pairs = [(key, rng.choice(VALUES)) for key in keys]
+    return _ask_until(rng, [w for key, value in pairs for w in (key, value, ";")], pairs, length)
+
+
+def context_recall_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
+    """A kv_retrieval context as the task builds it (24–40 pairs among filler) over 3/4 of the length,
+    then `? k = v` queries to the end: the lookup at the evaluation's density, many answers per row."""
+    context_length = max(8, int(0.75 * length))
+    pairs = _pairs(rng, context_length)
+    return _ask_until(rng, _scatter(rng, [[k, v, ";"] for k, v in pairs], context_length), pairs, length)
+
+
+def context_count_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
+    """The same kind of context over 3/4 of the length, then count queries `count v ? = n` (v uniform
+    over the values, n = pairs with value v, mod 10) to the end: aggregation with many answers per row."""
+    context_length = max(8, int(0.75 * length))
+    pairs = _pairs(rng, context_length)
+    words = _scatter(rng, [[k, v, ";"] for k, v in pairs], context_length)
+    targets = [False] * len(words)
+    while len(words) < length:
+        value = rng.choice(VALUES)
+        words += ["count", value, "?", CUE, str(sum(v == value for _, v in pairs) % 10)]
+        targets += [False, False, False, False, True]
     return words, targets
 
 

@@ -1,4 +1,4 @@
-"""Training the tiny Llama: a mixture of copy sequences, dense associative-recall sequences and the
+"""Training the tiny Llama: a mixture of copy, cue-copy and dense associative-recall sequences and the
 three tasks (loss on the supervised tokens only) under a length curriculum, AdamW with a linear
 warm-up and cosine decay; validation loss and exact match on held-out examples of the tasks."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Callable
 
 import torch
 
-from icml.methods.kv_compress.config import TASKS
-from icml.methods.kv_compress.data import Example, copy_sequence, generate, recall_sequence
+from icml.methods.kv_compress.config import TASKS, row_mixture
+from icml.methods.kv_compress.data import (Example, context_count_sequence, context_recall_sequence, copy_sequence,
+                                           cue_copy_sequence, generate, recall_sequence)
 
 
 def encode(tokenizer, example: Example) -> tuple[list[int], list[bool]]:
@@ -85,22 +86,36 @@ def context_range(step: int, cfg) -> tuple[int, int]:
     return round(low), round(high)
 
 
+def row_counts(mixture: list[tuple[str, float]], rows: int) -> list[int]:
+    """Rows per kind, proportional to the weights by cumulative rounding (they sum to `rows`)."""
+    total = sum(weight for _, weight in mixture)
+    bounds, cumulative = [0], 0.0
+    for _, weight in mixture:
+        cumulative += weight
+        bounds.append(round(cumulative / total * rows))
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
 def training_batch(tokenizer, cfg, seed: int, step: int) -> dict[str, torch.Tensor]:
     """The batch of `step`, from (seed, step) alone: one context length, batch_size rows while the
-    contexts are short and fewer (down to min_batch_size, about constant tokens) as they grow;
-    recall_fraction dense-recall rows, copy_fraction copy rows while the contexts are short (where the
-    induction circuit forms) and copy_fraction_long afterwards (without them the circuit decays as the
-    contexts grow, README), the rest the three tasks in turn."""
+    contexts are short and fewer (down to min_batch_size, about constant tokens) as they grow, split
+    between the row kinds of `rows_short` during the curriculum's hold and of `rows_long` afterwards
+    (README, training recipe)."""
     rng = random.Random(f"{seed}/train/{step}")
     length = rng.randint(*context_range(step, cfg))
     rows = max(cfg.min_batch_size, min(cfg.batch_size, cfg.batch_size * cfg.train_context_short // length))
-    copy = cfg.copy_fraction if step < cfg.curriculum_hold * cfg.steps else cfg.copy_fraction_long
-    n_copy, n_recall = round(rows * copy), round(rows * cfg.recall_fraction)
-    encoded = [encode_words(tokenizer, *copy_sequence(rng, length)) for _ in range(n_copy)]
-    encoded += [encode_words(tokenizer, *recall_sequence(rng, length, cfg.recall_repeats, cfg.recall_counts))
-                for _ in range(n_recall)]
-    encoded += [encode(tokenizer, generate(TASKS[i % len(TASKS)], i, rng, length, length, cfg.train_questions))
-                for i in range(rows - n_copy - n_recall)]
+    mixture = row_mixture(cfg.rows_short if step < cfg.curriculum_hold * cfg.steps else cfg.rows_long)
+    builders = {
+        "copy": lambda i: encode_words(tokenizer, *copy_sequence(rng, length)),
+        "cue_copy": lambda i: encode_words(tokenizer, *cue_copy_sequence(rng, length)),
+        "recall": lambda i: encode_words(tokenizer, *recall_sequence(rng, length, tuple(cfg.recall_pairs))),
+        "context_recall": lambda i: encode_words(tokenizer, *context_recall_sequence(rng, length)),
+        "context_count": lambda i: encode_words(tokenizer, *context_count_sequence(rng, length)),
+        "tasks": lambda i: encode(tokenizer, generate(TASKS[i % len(TASKS)], i, rng, length, length,
+                                                      cfg.train_questions)),
+    }
+    encoded = [builders[kind](i) for (kind, _), count in zip(mixture, row_counts(mixture, rows))
+               for i in range(count)]
     return pad(encoded, tokenizer.pad_token_id)
 
 
