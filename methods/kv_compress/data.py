@@ -136,20 +136,25 @@ def recall_sequence(rng: random.Random, length: int, n_pairs: tuple[int, int]) -
     return _ask_until(rng, [w for key, value in pairs for w in (key, value, ";")], pairs, length)
 
 
-def context_recall_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
-    """A kv_retrieval context as the task builds it (24–40 pairs among filler) over 3/4 of the length,
-    then `? k = v` queries to the end: the lookup at the evaluation's density, many answers per row."""
+def _task_context(rng: random.Random, length: int) -> tuple[list[str], list[tuple[str, str]]]:
+    """(words, pairs) of a context built as the tasks build theirs (24–40 pairs `k v ;` among filler,
+    at most length/4 of them in short rows) over 3/4 of `length`."""
     context_length = max(8, int(0.75 * length))
     pairs = _pairs(rng, context_length)
-    return _ask_until(rng, _scatter(rng, [[k, v, ";"] for k, v in pairs], context_length), pairs, length)
+    return _scatter(rng, [[k, v, ";"] for k, v in pairs], context_length), pairs
+
+
+def context_recall_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
+    """A task context, then `? k = v` queries to the end: the lookup at the evaluation's density,
+    many answers per row."""
+    words, pairs = _task_context(rng, length)
+    return _ask_until(rng, words, pairs, length)
 
 
 def context_count_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
-    """The same kind of context over 3/4 of the length, then count queries `count v ? = n` (v uniform
-    over the values, n = pairs with value v, mod 10) to the end: aggregation with many answers per row."""
-    context_length = max(8, int(0.75 * length))
-    pairs = _pairs(rng, context_length)
-    words = _scatter(rng, [[k, v, ";"] for k, v in pairs], context_length)
+    """A task context, then count queries `count v ? = n` (v uniform over the values, n = pairs with
+    value v, mod 10) to the end: aggregation with many answers per row."""
+    words, pairs = _task_context(rng, length)
     targets = [False] * len(words)
     while len(words) < length:
         value = rng.choice(VALUES)
