@@ -9,7 +9,8 @@ import pytest
 
 from icml.methods.kv_compress.config import KvCompressConfig, row_mixture, validate
 from icml.methods.kv_compress.data import (CUE, FILLER, KEYS, VALUES, build_tokenizer, context_count_sequence,
-                                           context_recall_sequence, copy_sequence, cue_copy_sequence, recall_sequence)
+                                           context_recall_sequence, copy_sequence, count_sequence, cue_copy_sequence,
+                                           recall_sequence)
 from icml.methods.kv_compress.training import context_range, row_counts, training_batch
 
 
@@ -35,15 +36,17 @@ def _replay(words: list[str]) -> list[bool]:
     return predicted
 
 
-@pytest.mark.parametrize("builder", ["recall", "context_recall", "context_count"])
+@pytest.mark.parametrize("builder", ["recall", "count", "context_recall", "context_count"])
 def test_recall_targets_are_exactly_the_predictable_answers(builder):
     rng = random.Random(7)
     for _ in range(60):
         length = rng.randint(16, 320)
-        if builder == "recall":
-            words, targets = recall_sequence(rng, length, (2, 8))
-            n_pairs = words.index("?") // 3
-            assert 2 <= n_pairs <= 8 and not set(words) & set(FILLER)  # no filler in a dense recall row
+        if builder in ("recall", "count"):
+            words, targets = (recall_sequence(rng, length, (2, 8)) if builder == "recall"
+                              else count_sequence(rng, length))
+            n_pairs = (words.index("?") - 2 * (builder == "count")) // 3
+            most = 8 if builder == "recall" else max(2, length // 6)
+            assert 2 <= n_pairs <= most and not set(words) & set(FILLER)  # no filler in a dense row
         else:
             sequence = context_recall_sequence if builder == "context_recall" else context_count_sequence
             words, targets = sequence(rng, length)
@@ -67,7 +70,7 @@ def test_cue_copy_targets_follow_the_word_before_the_cue():
 
 def test_dense_sequences_are_deterministic():
     for builder in (lambda r: recall_sequence(r, 200, (2, 8)), lambda r: context_recall_sequence(r, 200),
-                    lambda r: context_count_sequence(r, 200),
+                    lambda r: context_count_sequence(r, 200), lambda r: count_sequence(r, 100),
                     lambda r: cue_copy_sequence(r, 200), lambda r: copy_sequence(r, 64)):
         assert builder(random.Random(5)) == builder(random.Random(5)) != builder(random.Random(6))
     words, targets = copy_sequence(random.Random(3), 41)
@@ -94,11 +97,12 @@ def test_curriculum_holds_short_then_grows_to_eval_lengths():
 
 
 def _kind(words: list[str]) -> str:
-    if "?" not in words and CUE in words:
-        return "cue_copy"
     if "?" not in words:
-        return "copy"
-    return "recall" if not set(words[:words.index("?")]) & set(FILLER) else "context_row_or_task"
+        return "cue_copy" if CUE in words else "copy"
+    first_query = min(words.index("?"), words.index("count") if "count" in words else len(words))
+    if set(words[:first_query]) & set(FILLER):
+        return "context_row_or_task"
+    return "count" if words[first_query] == "count" else "recall"
 
 
 def test_training_batch_follows_the_mixture_and_is_deterministic():
@@ -119,11 +123,11 @@ def test_training_batch_follows_the_mixture_and_is_deterministic():
         kinds = [_kind(r) for r in rows]
         counts = dict(zip([k for k, _ in row_mixture(mixture)], row_counts(row_mixture(mixture), len(rows))))
         if step == 3:
-            assert len(rows) == cfg.batch_size and set(counts) == {"copy", "cue_copy", "recall"}
+            assert len(rows) == cfg.batch_size and set(counts) == {"copy", "cue_copy", "recall", "count"}
             assert all(kinds.count(kind) == counts[kind] for kind in counts)
         else:  # long contexts: fewer rows; context rows and the tasks all hold filler before `?`
             assert cfg.min_batch_size <= len(rows) < cfg.batch_size and ids.shape[1] > cfg.context_min
-            assert kinds.count("copy") == counts["copy"] and kinds.count("cue_copy") == counts["cue_copy"]
+            assert all(kinds.count(kind) == counts[kind] for kind in ("copy", "cue_copy", "count"))
             assert kinds.count("context_row_or_task") == counts["context_recall"] + counts["context_count"] \
                 + counts["tasks"]
 

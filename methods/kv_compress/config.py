@@ -17,7 +17,7 @@ GQA_AGGS = ("mean", "max")
 ENTROPY_NORMS = ("history", "prompt")  # log(N−w) as the reproduction, or log N
 SCORINGS = ("exact", "f1")
 # the kinds of training rows (training.training_batch)
-ROW_KINDS = ("copy", "cue_copy", "recall", "context_recall", "context_count", "tasks")
+ROW_KINDS = ("copy", "cue_copy", "recall", "count", "context_recall", "context_count", "tasks")
 
 
 @dataclass
@@ -66,8 +66,8 @@ class KvCompressConfig:
     steps: int = 2000  # the spec says 3000 (README)
     batch_size: int = 32  # rows at short lengths; fewer as they grow (about constant tokens)
     min_batch_size: int = 16  # rows at long lengths
-    rows_short: str = "copy:1,cue_copy:1,recall:1"  # row kind:weight of a batch while contexts are short
-    rows_long: str = "copy:1,cue_copy:1,context_recall:2,context_count:1,tasks:2"  # … once they grow (ROW_KINDS)
+    rows_short: str = "copy:1,cue_copy:1,recall:1,count:1"  # row kind:weight while contexts are short
+    rows_long: str = "copy:1,cue_copy:1,context_recall:2,count:1,context_count:1,tasks:2"  # … once they grow
     recall_pairs: list[int] = field(default_factory=lambda: [2, 8])  # pairs of a dense recall row: min, max
     lr: float = 3e-3  # the spec says 1e-3 (README)
     weight_decay: float = 0.01

@@ -11,7 +11,7 @@ import torch
 
 from icml.methods.kv_compress.config import TASKS, row_mixture
 from icml.methods.kv_compress.data import (Example, context_count_sequence, context_recall_sequence, copy_sequence,
-                                           cue_copy_sequence, generate, recall_sequence)
+                                           count_sequence, cue_copy_sequence, generate, recall_sequence)
 
 
 def encode(tokenizer, example: Example) -> tuple[list[int], list[bool]]:
@@ -109,6 +109,7 @@ def training_batch(tokenizer, cfg, seed: int, step: int) -> dict[str, torch.Tens
         "copy": lambda i: encode_words(tokenizer, *copy_sequence(rng, length)),
         "cue_copy": lambda i: encode_words(tokenizer, *cue_copy_sequence(rng, length)),
         "recall": lambda i: encode_words(tokenizer, *recall_sequence(rng, length, tuple(cfg.recall_pairs))),
+        "count": lambda i: encode_words(tokenizer, *count_sequence(rng, length)),
         "context_recall": lambda i: encode_words(tokenizer, *context_recall_sequence(rng, length)),
         "context_count": lambda i: encode_words(tokenizer, *context_count_sequence(rng, length)),
         "tasks": lambda i: encode(tokenizer, generate(TASKS[i % len(TASKS)], i, rng, length, length,
