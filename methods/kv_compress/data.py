@@ -136,14 +136,6 @@ def recall_sequence(rng: random.Random, length: int, n_pairs: tuple[int, int]) -
     return _ask_until(rng, [w for key, value in pairs for w in (key, value, ";")], pairs, length)
 
 
-def count_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
-    """Dense counting without filler: 2 … length/6 pairs `k v ;` (unique keys), then count queries
-    `count v ? = n` (v uniform over the values, n = pairs with value v, mod 10) to the end."""
-    keys = rng.sample(KEYS, rng.randint(2, max(2, min(len(KEYS), length // 6))))
-    pairs = [(key, rng.choice(VALUES)) for key in keys]
-    return _count_until(rng, [w for key, value in pairs for w in (key, value, ";")], pairs, length)
-
-
 def _count_until(rng: random.Random, words: list[str], pairs: list[tuple[str, str]],
                  length: int) -> tuple[list[str], list[bool]]:
     """`words` (no targets), then count queries `count v ? = n` until >= `length` words."""
@@ -153,6 +145,14 @@ def _count_until(rng: random.Random, words: list[str], pairs: list[tuple[str, st
         words = words + ["count", value, "?", CUE, str(sum(v == value for _, v in pairs) % 10)]
         targets += [False, False, False, False, True]
     return words, targets
+
+
+def count_sequence(rng: random.Random, length: int) -> tuple[list[str], list[bool]]:
+    """Dense counting without filler: 2 … length/6 pairs `k v ;` (unique keys), then count queries
+    `count v ? = n` (v uniform over the values, n = pairs with value v, mod 10) to the end."""
+    keys = rng.sample(KEYS, rng.randint(2, max(2, min(len(KEYS), length // 6))))
+    pairs = [(key, rng.choice(VALUES)) for key in keys]
+    return _count_until(rng, [w for key, value in pairs for w in (key, value, ";")], pairs, length)
 
 
 def _task_context(rng: random.Random, length: int) -> tuple[list[str], list[tuple[str, str]]]:
