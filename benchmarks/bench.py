@@ -6,6 +6,8 @@ same run, written to Parquet (not part of `make test`; timings never gate the te
   (the floor any torch method pays) and against the 60 s smoke budget.
 - psi_half/<rows>x<cols>: spectral-optim's SVD-free Ψ_½ against torch.linalg.svd of the same matrix
   (ratio < 1: Ψ_½ is faster), one thread, median of 9 calls after warm-up.
+- event_classify/<part>: SECNet's Fourier filter forward + backward with its hand-written backward, against
+  autograd through rfft → multiply → irfft, at the default preset's shapes.
 - kv_compress/memory@r=0.3 and kv_compress/overhead@r=0.3: bytes of the compressed KV cache against the
   full cache, and EntroKV's entropy + allocation + selection time against a full prefill.
 """
@@ -94,6 +96,10 @@ def main() -> None:
                      "baseline_seconds": 60.0, "ratio": seconds / 60.0})
 
     rows += psi_half_vs_svd()
+    if "event-classify" in args.methods:
+        from icml.methods.event_classify.bench import bench as event_classify_bench
+
+        event_classify_bench(rows)
     if "kv-compress" in args.methods:
         from icml.methods.kv_compress.bench import bench as kv_compress_bench
 

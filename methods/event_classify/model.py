@@ -93,6 +93,52 @@ def gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 # Fourier aggregation ----------------------------------------------------------------------------
+def _one_sided_weights(n: int, device) -> torch.Tensor:
+    """How often each rFFT bin counts in the full spectrum: twice for the interior bins, once for
+    DC and (n even) Nyquist."""
+    weights = torch.full((n // 2 + 1,), 2.0, device=device)
+    weights[0] = 1.0
+    if n % 2 == 0:
+        weights[-1] = 1.0
+    return weights
+
+
+class FourierFilter(torch.autograd.Function):
+    """y = irfft(rfft(x) · V, n) along `dim` (ortho), V broadcast against the spectrum.
+
+    The same values and gradients as autograd through the three ops (a test pins both), with a
+    cheaper backward: the filter is a real circular convolution, so its adjoint is the filter with
+    conj(V), one half-size rFFT and one irFFT. Autograd's rfft backward instead runs a full complex
+    FFT of the gradient, ≈ 15 % of a SECNet training step on CPU."""
+
+    @staticmethod
+    def forward(ctx, x, spectrum_filter, dim):
+        n = x.shape[dim]
+        spectrum = torch.fft.rfft(x, dim=dim, norm="ortho")
+        ctx.save_for_backward(spectrum, spectrum_filter)
+        ctx.dim, ctx.n = dim, n
+        return torch.fft.irfft(spectrum * spectrum_filter, n=n, dim=dim, norm="ortho")
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        spectrum, spectrum_filter = ctx.saved_tensors
+        dim, n = ctx.dim, ctx.n
+        grad_spectrum = torch.fft.rfft(grad_out, dim=dim, norm="ortho")
+        grad_x = grad_filter = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.fft.irfft(grad_spectrum * spectrum_filter.conj(), n=n, dim=dim, norm="ortho")
+        if ctx.needs_input_grad[1]:
+            # ∂L/∂V = Σ over broadcast positions of w·R·conj(X): irfft counts interior bins twice.
+            along = [1] * grad_spectrum.ndim
+            along[dim] = -1
+            full = grad_spectrum * spectrum.conj() * _one_sided_weights(n, grad_out.device).view(along)
+            lead = full.ndim - spectrum_filter.ndim
+            summed = list(range(lead)) + [lead + i for i, size in enumerate(spectrum_filter.shape)
+                                          if size == 1 and full.shape[lead + i] != 1]
+            grad_filter = full.sum(summed).reshape(spectrum_filter.shape) if summed else full
+        return grad_x, grad_filter, None
+
+
 class SpatialFA(nn.Module):
     """Per group X ∈ ℝ^{D'×k}: ortho rFFT along channels, × V_s ∈ ℂ^{(D'/2+1)×k}, inverse rFFT."""
 
@@ -105,8 +151,7 @@ class SpatialFA(nn.Module):
 
     def filter(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, S, k, D') → the filtered signal before the GELU."""
-        spectrum = torch.fft.rfft(x, dim=-1, norm="ortho") * torch.view_as_complex(self.weight)
-        return torch.fft.irfft(spectrum, n=self.channels, dim=-1, norm="ortho")
+        return FourierFilter.apply(x, torch.view_as_complex(self.weight), -1)
 
     def forward(self, x):
         return F.gelu(self.filter(x))
@@ -124,8 +169,7 @@ class TemporalFA(nn.Module):
         self.weight = nn.Parameter(weight)
 
     def filter(self, g: torch.Tensor) -> torch.Tensor:
-        spectrum = torch.fft.rfft(g, dim=1, norm="ortho") * torch.view_as_complex(self.weight)
-        return torch.fft.irfft(spectrum, n=self.tokens, dim=1, norm="ortho")
+        return FourierFilter.apply(g, torch.view_as_complex(self.weight), 1)
 
     def forward(self, g):
         return F.gelu(self.filter(g))
@@ -232,7 +276,10 @@ class SECNetStage(nn.Module):
         centres = nb_xyz.mean(2) if self.options.centroid == "ces" else gather(scaled, fps)
         grouped = torch.cat([gather(feats, neighbours), nb_xyz], dim=-1)
         centred = grouped - grouped.mean(2, keepdim=True)
-        std = centred.reshape(centred.shape[0], -1).std(-1)[:, None, None, None]
+        # The sample's std over all groups: the centred values have mean 0, so it is the norm over
+        # √(n−1) (torch's std costs ≈ 25x as much here, up to ≈ 10 % of a training step).
+        flat = centred.flatten(1)
+        std = (torch.linalg.vector_norm(flat, dim=-1) / math.sqrt(flat.shape[1] - 1))[:, None, None, None]
         anchor = gather(feats, fps)[:, :, None].expand(-1, -1, self.k, -1)
         return torch.cat([centred / (std + 1e-5), anchor], dim=-1), centres, fps, neighbours
 
