@@ -14,17 +14,23 @@ SMALL_ARRAY_ENTRIES = 1_000_000
 
 
 @contextmanager
-def threads_for(n_entries: int) -> Iterator[None]:
-    """One intra-op thread while the working arrays are small; restores the setting on exit."""
+def intra_op_threads(n: int) -> Iterator[None]:
+    """Exactly `n` intra-op threads inside the block; restores the setting on exit."""
     import torch
 
     previous = torch.get_num_threads()
-    if n_entries < SMALL_ARRAY_ENTRIES:
-        torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def threads_for(n_entries: int):
+    """One intra-op thread while the working arrays are small; the caller's setting otherwise."""
+    import torch
+
+    return intra_op_threads(1 if n_entries < SMALL_ARRAY_ENTRIES else torch.get_num_threads())
 
 
 def single_thread():

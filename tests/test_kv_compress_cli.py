@@ -101,6 +101,8 @@ def test_bad_input_is_one_line(icml, tmp_path):
     assert result.code == 2 and "scope must be one of" in result.err
     result = icml("kv-compress", "train", "--set", "variants=snapkv,entrokv_magic")
     assert result.code == 2 and "entrokv_magic" in result.err
+    result = icml("kv-compress", "train", "--set", "train_threads=0")
+    assert result.code == 2 and "train_threads must be positive" in result.err
 
 
 def test_model_and_data_inputs(icml, tmp_path):

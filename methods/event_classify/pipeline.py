@@ -169,6 +169,7 @@ def profile(ctx: RunContext):
     import pandas as pd
     import torch
 
+    from icml.cli.threads import intra_op_threads
     from icml.methods.event_classify.costs import layer_macs, parameters, secnet_costs, time_forward, time_parts
     from icml.methods.event_classify.model import ABLATION_OPTIONS, Arch, build_model
 
@@ -177,8 +178,6 @@ def profile(ctx: RunContext):
     data = np.load(data_file(ctx, cfg.datasets[0], cfg.arch.n_points))
     n_classes, sensor = len(data["classes"]), tuple(int(v) for v in data["sensor"])
     rows, table = [], []
-    previous = torch.get_num_threads()
-    torch.set_num_threads(p.threads)
     torch.manual_seed(ctx.seed)
 
     def measure(variant, arch, sweep, timed=True):
@@ -217,7 +216,7 @@ def profile(ctx: RunContext):
                           "sweep": sweep})
         return model, out
 
-    try:
+    with intra_op_threads(p.threads):
         base = cfg.arch
         variants = ["secnet"] + [v for v in cfg.variants if v != "secnet"]
         for variant in variants:
@@ -236,6 +235,4 @@ def profile(ctx: RunContext):
                 for variant in ("secnet", "secnet_attn"):
                     rows += measure(variant, Arch(n, groups, base.k, base.d0, n_classes), sweep,
                                     timed=p.time_sweep and variant == "secnet")[1]
-    finally:
-        torch.set_num_threads(previous)
     return rows, pd.DataFrame(table)

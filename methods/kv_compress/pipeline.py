@@ -17,7 +17,7 @@ import torch
 from icml.cli.errors import IcmlError, UsageError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_write_json
-from icml.cli.threads import single_thread
+from icml.cli.threads import intra_op_threads, single_thread
 from icml.methods.kv_compress.config import TASKS
 from icml.methods.kv_compress.data import build_tokenizer, generate_set, load_jsonl
 from icml.methods.kv_compress.evaluation import analyse, evaluate_example, split, variant_spec
@@ -137,7 +137,7 @@ def train(ctx: RunContext) -> None:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                        state_path)
 
-        with ctx.progress("training steps", cfg.steps - start) as advance, single_thread():
+        with ctx.progress("training steps", cfg.steps - start) as advance, intra_op_threads(cfg.train_threads):
             train_model(model, tokenizer, cfg, ctx.seed, ctx.device, val, start, optimizer_state, log, checkpoint,
                         advance)
         model.config._attn_implementation = "eager"
