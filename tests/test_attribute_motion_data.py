@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from icml.data.videos import (NULL_PROMPT, VideoDataError, load_clip_folder, make_clip, prompt_id, random_spec)
-from icml.methods.attribute_motion.flow import estimate_flow, lucas_kanade
-from icml.methods.attribute_motion.vbench import AppearanceNet, dynamic_degree, motion_smoothness, subject_consistency
+import torch.nn.functional as F
+
+from icml.methods.attribute_motion.flow import estimate_flow, gray, horn_schunck, lucas_kanade
+from icml.methods.attribute_motion.vbench import (AppearanceNet, dynamic_degree, motion_smoothness, subject_consistency,
+                                                  top_flow)
 
 
 def spec(motion, seed=0, **kw):
@@ -133,10 +136,78 @@ def smooth_pattern(shift_x: float, shift_y: float, size: int = 16) -> torch.Tens
 
 def test_lucas_kanade_recovers_a_subpixel_translation():
     a, b = smooth_pattern(0, 0)[None], smooth_pattern(0.6, -0.4)[None]
-    flow = lucas_kanade(a, b)
+    flow = lucas_kanade(a[:, None], b[:, None])
     interior = flow[0, :, 4:-4, 4:-4]
     assert interior[0].mean().item() == pytest.approx(0.6, abs=0.08)
     assert interior[1].mean().item() == pytest.approx(-0.4, abs=0.08)
+
+
+def test_horn_schunck_recovers_a_subpixel_translation():
+    a, b = smooth_pattern(0, 0)[None, None], smooth_pattern(0.6, -0.4)[None, None]
+    interior = horn_schunck(a, b)[0, :, 4:-4, 4:-4]
+    assert interior[0].mean().item() == pytest.approx(0.6, abs=0.08)
+    assert interior[1].mean().item() == pytest.approx(-0.4, abs=0.08)
+
+
+def test_horn_schunck_on_one_channel_is_the_classical_jacobi_update():
+    torch.manual_seed(0)
+    a = torch.rand(2, 1, 12, 12, dtype=torch.float64)
+    b = torch.roll(a, 1, dims=-1) + 0.01 * torch.rand(2, 1, 12, 12, dtype=torch.float64)
+    alpha, iters = 0.3, 25
+    # Horn & Schunck (1981): u ← ū − I_x(I_x ū + I_y v̄ + I_t)/(α² + I_x² + I_y²), from zero flow
+    pad = lambda x: F.pad(x, (1, 1, 1, 1), mode="replicate")
+    m = pad((a + b) / 2)
+    ix, iy, it = (m[..., 1:-1, 2:] - m[..., 1:-1, :-2]) / 2, (m[..., 2:, 1:-1] - m[..., :-2, 1:-1]) / 2, b - a
+    kernel = torch.tensor([[1, 2, 1], [2, 0, 2], [1, 2, 1]], dtype=a.dtype)[None, None] / 12
+    u, v = torch.zeros_like(a), torch.zeros_like(a)
+    for _ in range(iters):
+        ub, vb = F.conv2d(pad(u), kernel), F.conv2d(pad(v), kernel)
+        common = (ix * ub + iy * vb + it) / (alpha ** 2 + ix ** 2 + iy ** 2)
+        u, v = ub - ix * common, vb - iy * common
+    flow = horn_schunck(a, b, alpha=alpha, sigma=0.0, iters=iters, rounds=1)
+    torch.testing.assert_close(flow, torch.cat([u, v], 1), rtol=1e-10, atol=1e-12)
+
+
+def test_colour_flow_with_equal_channels_is_gray_flow_at_alpha_over_sqrt3():
+    """Summing the data term over three equal channels triples J and b, i.e. divides α² by 3."""
+    a, b = smooth_pattern(0, 0)[None, None].double(), smooth_pattern(0.7, 0.3)[None, None].double()
+    colour = horn_schunck(a.expand(-1, 3, -1, -1), b.expand(-1, 3, -1, -1), alpha=0.5)
+    torch.testing.assert_close(colour, horn_schunck(a, b, alpha=0.5 / 3 ** 0.5), rtol=1e-9, atol=1e-12)
+
+
+def isoluminant_sprite_video(step: int, frames: int = 8) -> torch.Tensor:
+    """A 4×4 sprite on a gray background of the same luminance (0.299·1 + 0.587·g + 0.114·0.5 = 0.5)."""
+    video = torch.full((1, frames, 16, 16, 3), 0.5)
+    sprite = torch.tensor([1.0, (0.5 - 0.299 - 0.057) / 0.587, 0.5])
+    for f in range(frames):
+        video[0, f, 6:10, 3 + step * f:7 + step * f] = sprite
+    return video * 2 - 1
+
+
+def test_colour_flow_sees_a_sprite_that_luminance_cannot():
+    video = isoluminant_sprite_video(1)
+    luminance = gray(video)
+    assert (luminance - 0.5).abs().max() < 1e-6  # invisible to a luminance-only estimator
+    assert torch.count_nonzero(lucas_kanade(luminance[0, :-1, None], luminance[0, 1:, None])) == 0
+    for method in ("lk", "hs"):
+        assert dynamic_degree(video, method).item() == 1.0
+        assert dynamic_degree(isoluminant_sprite_video(0), method).item() == 0.0
+    flow = estimate_flow(video, "hs")[0]
+    inside = torch.stack([flow[f, :, 6:10, 3 + f:7 + f].mean((1, 2)) for f in range(7)])  # the sprite moves 1 px right
+    torch.testing.assert_close(inside, torch.tensor([[1.0, 0.0]]).expand(7, 2), atol=0.15, rtol=0)
+
+
+def test_horn_schunck_reads_sampling_noise_as_static_where_lucas_kanade_does_not():
+    """The calibration behind eval.flow=hs: noise of std 0.1 (on [−1, 1]) on a still textured video
+    must not count as motion, while the same noise on a 1 px/frame translation must."""
+    gen = torch.Generator().manual_seed(0)
+    still = moving_video(0.0).expand(8, -1, -1, -1, -1)
+    moving = moving_video(1.0).expand(8, -1, -1, -1, -1)
+    noisy_still = still + 0.1 * torch.randn(still.shape, generator=gen)
+    noisy_moving = moving + 0.1 * torch.randn(moving.shape, generator=gen)
+    assert dynamic_degree(noisy_still, "hs").tolist() == [0.0] * 8
+    assert dynamic_degree(noisy_moving, "hs").tolist() == [1.0] * 8
+    assert dynamic_degree(noisy_still, "lk").mean() > 0.5
 
 
 def moving_video(step: float, frames: int = 8) -> torch.Tensor:
@@ -151,6 +222,9 @@ def test_dynamic_degree_follows_the_vbench_rule():
     flow[0, :2, 0] = threshold * 1.5  # two pairs above the threshold: round(4·8/16) = 2 needed → dynamic
     flow[1, :1, 0] = threshold * 1.5  # one pair only → static
     assert dynamic_degree(video, flow=flow).tolist() == [1.0, 0.0]
+    magnitudes = torch.zeros(1, 1, 2, 16, 16)
+    magnitudes[0, 0, 1].view(-1)[:20] = torch.arange(20.0)  # top 5% of 256 = 13 pixels: 19, 18, …, 7
+    assert top_flow(video[:1, :2], flow=magnitudes).item() == pytest.approx(13.0)
     assert dynamic_degree(moving_video(1.0)).item() == 1.0
     assert dynamic_degree(moving_video(0.0)).item() == 0.0
 

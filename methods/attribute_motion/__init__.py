@@ -18,6 +18,7 @@ METHOD = Method(
           "length_norm": "string", "agg": "string", "attr_seed": "int64", "mask": "string"},
     metrics={"p_at_k": HIGHER, "ap": HIGHER, "appearance_outrank_rate": LOWER, "decoy_rate": LOWER,
              "length_spearman": None, "seed_spearman": HIGHER, "proj_cos_err": LOWER, "dynamic_degree": HIGHER,
+             "top_flow_px": HIGHER,
              "motion_smoothness": HIGHER, "subject_consistency": HIGHER, "target_motion_acc": HIGHER,
              "win_rate_vs_base": HIGHER, "fm_loss_heldout": LOWER, "featurize_s_per_clip": LOWER,
              "finetune_s": LOWER, "loss": LOWER, "evaluator_acc": HIGHER},

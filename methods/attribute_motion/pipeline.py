@@ -421,8 +421,9 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
 
     from icml.data.videos import MOTIONS, SHAPES, prompt_id
     from icml.methods.attribute_motion.model import as_tensor, generate, heldout_loss, seed_of, train_fm
+    from icml.methods.attribute_motion.flow import estimate_flow
     from icml.methods.attribute_motion.vbench import (dynamic_degree, motion_probabilities, motion_smoothness,
-                                                      subject_consistency, win_rate)
+                                                      subject_consistency, top_flow, win_rate)
 
     cfg = ctx.config
     target = cfg.primary_target
@@ -440,9 +441,11 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
     def measure(name: str, model, seconds: float | None) -> np.ndarray:
         videos = generate(model, labels, cfg.clips.frames, cfg.clips.size, steps=cfg.unet.sample_steps,
                           cfg_scale=cfg.unet.cfg_scale, seed=gen_seed)
-        probs = motion_probabilities(videos, motion_net)[:, target_index]
-        values = {"target_motion_acc": float((motion_probabilities(videos, motion_net).argmax(1) == target_index).mean()),
-                  "dynamic_degree": float(dynamic_degree(videos, cfg.eval.flow).mean()),
+        all_probs = motion_probabilities(videos, motion_net)
+        flow = estimate_flow(videos, cfg.eval.flow)[:, :-1]
+        values = {"target_motion_acc": float((all_probs.argmax(1) == target_index).mean()),
+                  "dynamic_degree": float(dynamic_degree(videos, flow=flow).mean()),
+                  "top_flow_px": float(top_flow(videos, flow=flow).mean()),
                   "motion_smoothness": float(motion_smoothness(videos, cfg.eval.flow, cfg.eval.interp).mean()),
                   "subject_consistency": float(subject_consistency(videos, appearance_net).mean()),
                   "fm_loss_heldout": heldout_loss(model, *held_args, seed=seed_of(ctx.seed, 606))}
@@ -453,7 +456,7 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
                        for m, v in values.items())
         samples[name] = videos[:6].numpy()
         ctx.log(f"  {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
-        return probs
+        return all_probs[:, target_index]
 
     with ctx.progress("fine-tune arms + generate", len(cfg.arms) + 1) as advance:
         base_probs = measure("base", base, None)

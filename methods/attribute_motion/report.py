@@ -13,7 +13,7 @@ from icml.reports.tables import Table, default_headline, mean_sd
 
 RETRIEVAL = ["p_at_k", "ap", "appearance_outrank_rate", "decoy_rate", "length_spearman", "seed_spearman",
              "proj_cos_err", "featurize_s_per_clip"]
-GENERATION = ["target_motion_acc", "dynamic_degree", "win_rate_vs_base", "motion_smoothness", "subject_consistency",
+GENERATION = ["target_motion_acc", "dynamic_degree", "top_flow_px", "win_rate_vs_base", "motion_smoothness", "subject_consistency",
               "fm_loss_heldout", "finetune_s"]
 ARM_ORDER = ["base"] + ARMS
 

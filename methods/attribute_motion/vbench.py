@@ -7,6 +7,8 @@ evaluators they need (trained in `train` on fresh synthetic clips).
   subject consistency and the `appearance_match` baseline.
 - dynamic_degree: per consecutive frame pair, the mean of the top 5% flow magnitudes; a video is
   dynamic if at least round(4·T/16) pairs exceed 6·min(H, W)/256 (VBench's rule, scaled).
+  `top_flow_px` (ours) reports the thresholded quantity itself, averaged: it still moves when
+  every video passes the 0.375-px threshold.
 - motion_smoothness: keep the even frames, rebuild each odd frame between two kept ones by flow
   midpoint interpolation (or linear), score (255 − mean|I − Î|)/255.
 - subject_consistency: mean over frames i ≥ 1 of [max(0, cos(f_i, f_{i−1})) + max(0, cos(f_i, f_0))]/2.
@@ -95,20 +97,24 @@ def train_evaluators(videos: torch.Tensor, motions: torch.Tensor, shapes: torch.
     return motion_net, appearance_net, {"motion": float(motion_acc), "shape": float(shape_acc), "hue": float(hue_acc)}
 
 
-def dynamic_degree(videos: torch.Tensor, method: str = "lk", flow: torch.Tensor | None = None) -> np.ndarray:
-    """Per video 1.0 if dynamic else 0.0 (VBench's rule at this resolution)."""
+def top_flow(videos: torch.Tensor, method: str = "hs", flow: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, T−1): per consecutive frame pair, the mean of the top 5% flow magnitudes (pixels)."""
     n, t, h, w, _ = videos.shape
     if flow is None:
         flow = estimate_flow(videos, method)[:, :-1]
-    magnitude = flow.norm(dim=2).flatten(2)  # (N, T−1, H·W)
     k = max(1, int(np.ceil(0.05 * h * w)))
-    top = magnitude.topk(k, dim=2).values.mean(2)
+    return flow.norm(dim=2).flatten(2).topk(k, dim=2).values.mean(2)
+
+
+def dynamic_degree(videos: torch.Tensor, method: str = "hs", flow: torch.Tensor | None = None) -> np.ndarray:
+    """Per video 1.0 if dynamic else 0.0 (VBench's rule at this resolution)."""
+    n, t, h, w, _ = videos.shape
     threshold = 6.0 * min(h, w) / 256.0
     needed = max(1, round(4 * t / 16))
-    return ((top > threshold).sum(1) >= needed).float().numpy()
+    return ((top_flow(videos, method, flow) > threshold).sum(1) >= needed).float().numpy()
 
 
-def motion_smoothness(videos: torch.Tensor, method: str = "lk", interp: str = "flow") -> np.ndarray:
+def motion_smoothness(videos: torch.Tensor, method: str = "hs", interp: str = "flow") -> np.ndarray:
     """Per video (255 − mean|I − Î|)/255 over the odd frames rebuilt from their even neighbours."""
     n, t = videos.shape[:2]
     odd = [i for i in range(1, t - 1, 2)]
@@ -120,7 +126,7 @@ def motion_smoothness(videos: torch.Tensor, method: str = "lk", interp: str = "f
         middle = (a + b) / 2
     else:
         flow = pair_flow(before.flatten(0, 1), after.flatten(0, 1), method)
-        middle = (warp(a, -flow / 2) + warp(b, flow / 2)) / 2  # both halves meet at the midpoint
+        middle = (warp(a[:, None], -flow / 2) + warp(b[:, None], flow / 2))[:, 0] / 2  # both halves meet at the midpoint
     middle = middle.reshape(truth.shape) * 255
     return ((255 - (truth - middle).abs().mean((1, 2, 3))) / 255).numpy()
 
