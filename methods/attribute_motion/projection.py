@@ -1,6 +1,7 @@
 """Random projections of per-clip gradients to D dimensions, shared by pool and queries.
 
-- `fwht`: the unnormalised fast Walsh–Hadamard transform (Sylvester order), by Kronecker factors.
+- `fwht_columns` / `fwht`: the unnormalised fast Walsh–Hadamard transform (Sylvester order), by
+  Kronecker factors, of columns / along the last axis.
 - `Fastfood` (Le, Sarlós & Smola 2013): P·g = (1/√D)·[S·H·G·Π·H·B·pad(g)]_rows, with B random
   signs, Π a permutation, G a diagonal Gaussian, S the chi-based row scaling, and a fixed random
   subset of D rows. S_ii = s_i / (‖G‖_F·√n′), s_i ~ χ(n′): each row of S·H·G·Π·H·B then has the
@@ -27,23 +28,31 @@ def sylvester_hadamard(n: int) -> torch.Tensor:
     return h
 
 
-def fwht(x: torch.Tensor, radix_bits: int = 7) -> torch.Tensor:
-    """Unnormalised Walsh–Hadamard transform along the last axis (length a power of two).
+def fwht_columns(x: torch.Tensor, radix_bits: int = 7) -> torch.Tensor:
+    """Unnormalised Walsh–Hadamard transform of every column of x (n, B), n a power of two.
 
-    H_{2^(p+q)} = H_{2^p} ⊗ H_{2^q} in Sylvester order, so the vector is reshaped to a tensor with
-    axes of ≤ 2^radix_bits entries and a small Hadamard matrix is applied along each axis: a few
-    matmul passes instead of log₂ n memory-bound butterfly passes (3–5× faster at n = 2^21 on CPU)."""
-    n = x.shape[-1]
+    H_{2^(p+q)} = H_{2^p} ⊗ H_{2^q} in Sylvester order, so the column is viewed as a tensor with
+    axes of ≤ 2^radix_bits entries and a small Hadamard matrix multiplies each axis in turn: a few
+    matmul passes instead of log₂ n memory-bound butterfly passes (3–5× faster at n = 2^21 on CPU).
+    With the transform along the leading axis every pass is a plain (batched) matmul on contiguous
+    memory: no transposed copies, 1.5× faster than along the last axis."""
+    n = x.shape[0]
     if n & (n - 1):
         raise ValueError(f"fwht needs a power-of-two length, got {n}")
     bits = n.bit_length() - 1
     sizes = [1 << radix_bits] * (bits // radix_bits) + ([1 << (bits % radix_bits)] if bits % radix_bits else [])
-    lead = x.shape[:-1]
-    y = x.reshape(-1, *sizes)
-    for axis, size in enumerate(sizes, start=1):
-        h = sylvester_hadamard(size).to(x.dtype)
-        y = torch.movedim(torch.movedim(y, axis, -1) @ h, -1, axis)
-    return y.reshape(*lead, n)
+    width = x.numel() // n
+    y, before = x, 1
+    for size in sizes:
+        y = sylvester_hadamard(size).to(x.dtype) @ y.reshape(before, size, (n // (before * size)) * width)
+        before *= size
+    return y.reshape(x.shape)
+
+
+def fwht(x: torch.Tensor, radix_bits: int = 7) -> torch.Tensor:
+    """The transform along the last axis of (…, n)."""
+    n = x.shape[-1]
+    return fwht_columns(x.reshape(-1, n).T.contiguous(), radix_bits).T.reshape(x.shape)
 
 
 class Fastfood:
@@ -61,14 +70,18 @@ class Fastfood:
         self.scale = torch.from_numpy((chi / (np.linalg.norm(gauss) * np.sqrt(m))).astype(np.float32))
         self.rows = torch.from_numpy(np.sort(rng.choice(m, dim, replace=False)))
 
+    def columns(self, g: torch.Tensor) -> torch.Tensor:
+        """S·H·G·Π·H·B·pad(g) for a batch (B, n) → (n′, B), all rows, one column per vector."""
+        x = torch.zeros(self.n_pad, len(g))
+        x[: self.n] = g.T.float() * self.signs[: self.n, None]
+        x = torch.index_select(fwht_columns(x), 0, self.perm) * self.gauss[:, None]  # gathers whole rows
+        return fwht_columns(x) * self.scale[:, None]
+
     def full(self, g: torch.Tensor) -> torch.Tensor:
-        """S·H·G·Π·H·B·pad(g) for a batch (B, n) → (B, n′), all rows."""
-        x = torch.nn.functional.pad(g.float(), (0, self.n_pad - self.n)) * self.signs
-        x = fwht(x)[..., self.perm] * self.gauss
-        return fwht(x) * self.scale
+        return self.columns(g).T
 
     def __call__(self, g: torch.Tensor, batch: int = 8) -> torch.Tensor:
-        out = [self.full(g[i:i + batch])[..., self.rows] / np.sqrt(self.dim) for i in range(0, len(g), batch)]
+        out = [self.columns(g[i:i + batch])[self.rows].T / np.sqrt(self.dim) for i in range(0, len(g), batch)]
         return torch.cat(out)
 
     def dense_matrix(self) -> torch.Tensor:
