@@ -8,6 +8,8 @@ same run, written to Parquet (not part of `make test`; timings never gate the te
   (ratio < 1: Ψ_½ is faster), one thread, median of 9 calls after warm-up.
 - event_classify/<part>: SECNet's Fourier filter forward + backward with its hand-written backward, against
   autograd through rfft → multiply → irfft, at the default preset's shapes.
+- attribute_motion/fastfood: Fastfood projection of 8 per-clip gradients of the default UNet to D = 512
+  against the dense Gaussian reference projection of the same gradients.
 - kv_compress/memory@r=0.3 and kv_compress/overhead@r=0.3: bytes of the compressed KV cache against the
   full cache, and EntroKV's entropy + allocation + selection time against a full prefill.
 """
@@ -100,6 +102,10 @@ def main() -> None:
         from icml.methods.event_classify.bench import bench as event_classify_bench
 
         event_classify_bench(rows)
+    if "attribute-motion" in args.methods:
+        from icml.methods.attribute_motion.bench import bench as attribute_motion_bench
+
+        attribute_motion_bench(rows)
     if "kv-compress" in args.methods:
         from icml.methods.kv_compress.bench import bench as kv_compress_bench
 
