@@ -15,6 +15,7 @@ from pathlib import Path
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save, atomic_write
+from icml.cli.workers import run_in_workers
 from icml.methods.event_classify.config import CNN_VARIANTS, POINT_VARIANTS
 from icml.methods.event_classify.training import Budget
 
@@ -78,24 +79,8 @@ def run_jobs(ctx: RunContext, jobs: list[tuple], on_done) -> None:
     cfg = ctx.config
     args = [(cfg, ctx.seed, v, d, b, str(data_file(ctx, d, b.n_points)), ctx.device) for v, d, b in jobs]
     with ctx.progress("trainings", len(jobs)) as advance:
-        if cfg.workers == 1 or len(jobs) <= 1:
-            for job, arg in zip(jobs, args):
-                on_done(job, *_job(arg))
-                advance(1)
-            return
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-        pool = ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"))
-        try:
-            pending = {pool.submit(_job, arg): job for job, arg in zip(jobs, args)}
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    on_done(pending.pop(future), *future.result())
-                    advance(1)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+        run_in_workers(cfg.workers, [(job, _job, (arg,)) for job, arg in zip(jobs, args)],
+                       lambda job, result: (on_done(job, *result), advance(1)))
 
 
 def _summary(rows: list[dict], job) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save
+from icml.cli.workers import run_in_workers
 
 VIEW_ABLATIONS = ("view_attr", "view_smooth", "view_signed", "euclidean")
 
@@ -212,32 +213,11 @@ def train(ctx: RunContext) -> None:
 
     with ctx.progress("fgad jobs", len(jobs)) as advance:
         advance(len(jobs) - len(todo))
-        if cfg.workers == 1 or len(todo) <= 1:
-            for spec in todo:
-                done(spec, run_job(cfg, spec))
-                advance(1)
-        else:
-            _run_in_workers(cfg, todo, done, advance)
+        # single-threaded workers, the most expensive jobs (smallest K) first
+        ordered = sorted(todo, key=lambda spec: (spec.K, spec.kind != "mvfgad"))
+        run_in_workers(cfg.workers, [(spec, run_job, (cfg, spec)) for spec in ordered],
+                       lambda spec, job: (done(spec, job), advance(1)))
     _write_partitions(ctx, jobs)
-
-
-def _run_in_workers(cfg, jobs: list[JobSpec], done, advance) -> None:
-    """Jobs in spawned single-threaded processes, the most expensive (smallest K) first; results are
-    saved and recorded here, in the parent. Results do not depend on which worker ran what."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    ordered = sorted(jobs, key=lambda s: (s.K, s.kind != "mvfgad"))
-    pool = ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"))
-    try:
-        pending = {pool.submit(run_job, cfg, spec): spec for spec in ordered}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                done(pending.pop(future), future.result())
-                advance(1)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_partitions(ctx: RunContext, jobs: list[JobSpec]) -> None:

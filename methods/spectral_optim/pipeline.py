@@ -8,6 +8,7 @@ from pathlib import Path
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save
+from icml.cli.workers import run_in_workers
 
 
 def _grid(ctx: RunContext):
@@ -66,36 +67,12 @@ def train(ctx: RunContext) -> None:
 
     with ctx.progress("LR grid (runs)", skipped + len(jobs)) as advance:
         advance(skipped)
-        if cfg.workers == 1 or len(jobs) <= 1:
-            for variant, multiplier in jobs:
-                done(variant, multiplier, *_train_job(cfg, ctx.seed, variant, multiplier, ctx.device,
-                                                       run_path(ctx, variant, multiplier)))
-                advance(1)
-        else:
-            _train_in_workers(ctx, jobs, done, advance)
+        # recorded here, in the parent; results do not depend on which worker ran what
+        run_in_workers(cfg.workers, [((variant, multiplier), _train_job,
+                                      (cfg, ctx.seed, variant, multiplier, ctx.device, run_path(ctx, variant, multiplier)))
+                                     for variant, multiplier in jobs],
+                       lambda key, result: (done(*key, *result), advance(1)))
     save_best_checkpoints(ctx, grid)
-
-
-def _train_in_workers(ctx: RunContext, jobs, done, advance) -> None:
-    """Grid runs in `cfg.workers` spawned processes; results are recorded here, in the parent,
-    so metrics.parquet has one writer. Results do not depend on which worker ran what."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    cfg = ctx.config
-    pool = ProcessPoolExecutor(max_workers=cfg.workers, mp_context=multiprocessing.get_context("spawn"))
-    try:
-        pending = {pool.submit(_train_job, cfg, ctx.seed, variant, multiplier, ctx.device,
-                               run_path(ctx, variant, multiplier)): (variant, multiplier)
-                   for variant, multiplier in jobs}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                variant, multiplier = pending.pop(future)
-                done(variant, multiplier, *future.result())
-                advance(1)
-    finally:  # Ctrl-C or a failed run: drop queued runs; finished ones are already on disk
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def save_best_checkpoints(ctx: RunContext, grid) -> None:
