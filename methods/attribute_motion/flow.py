@@ -7,7 +7,7 @@ hue differs from the background but whose brightness does not is invisible.
 - `lk`: pyramidal Lucas–Kanade with iterative warping (the attribution default for user clips);
 - `hs`: Horn–Schunck (global smoothness) after a Gaussian pre-filter, a few warping rounds. It is
   the evaluation default: generated videos keep residual sampling noise, and at VBench's 0.375-px
-  threshold local estimators read that noise as motion (README, "Flow for generated videos");
+  threshold local estimators read that noise as motion (README, Deviations: "Evaluation flow");
 - `farneback`: OpenCV's, only where `cv2` imports.
 """
 from __future__ import annotations
@@ -87,10 +87,8 @@ def _pyramid(image: torch.Tensor, levels: int) -> list[torch.Tensor]:
     return out[::-1]  # coarse → fine
 
 
-def lucas_kanade(a: torch.Tensor, b: torch.Tensor, levels: int = 2, iters: int = 4, window: int = 5,
-                 sigma: float = 0.0) -> torch.Tensor:
+def lucas_kanade(a: torch.Tensor, b: torch.Tensor, levels: int = 2, iters: int = 4, window: int = 5) -> torch.Tensor:
     """Flow (N, 2, H, W) from image a to image b (N, C, H, W), structure tensor summed over channels."""
-    a, b = gaussian_blur(a, sigma), gaussian_blur(b, sigma)
     flow = None
     for pa, pb in zip(_pyramid(a, levels), _pyramid(b, levels)):
         if flow is None:

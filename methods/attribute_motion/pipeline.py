@@ -420,8 +420,8 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
     import torch
 
     from icml.data.videos import MOTIONS, SHAPES, prompt_id
-    from icml.methods.attribute_motion.model import as_tensor, generate, heldout_loss, seed_of, train_fm
     from icml.methods.attribute_motion.flow import estimate_flow
+    from icml.methods.attribute_motion.model import as_tensor, generate, heldout_loss, seed_of, train_fm
     from icml.methods.attribute_motion.vbench import (dynamic_degree, motion_probabilities, motion_smoothness,
                                                       subject_consistency, top_flow, win_rate)
 
