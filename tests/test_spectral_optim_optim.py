@@ -107,7 +107,7 @@ def test_groups_hold_every_matrix_once_including_tied_embeddings():
     assert (matrix["kind"], vector["kind"]) == ("matrix", "vector")
     assert matrix["param_names"] == ["wte.weight", "wpe.weight", "c_attn.weight", "up.weight", "down.weight"]
     assert vector["param_names"] == ["ln.weight", "ln.bias", "c_attn.bias", "up.bias"]
-    assert matrix["packed_qkv"] == [False, False, True, False, False]  # by role, not by shape
+    assert matrix["qkv_layouts"] == ["none", "none", "contiguous", "none", "none"]  # by role, not by shape
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
     assert vector["weight_decay"] == 0.0
     # A hand-built list that names the tied weight twice still counts it once.
@@ -290,7 +290,7 @@ def test_hf_gpt2_conv1d_weights_are_transformed_in_out_in_orientation(tiny_gpt2)
     names = opt.param_groups[0]["param_names"]
     assert "transformer.wte.weight" in names and "transformer.wpe.weight" in names
     assert "lm_head.weight" not in names  # tied: listed once, under the embedding's name
-    assert opt.param_groups[0]["packed_qkv"][names.index("transformer.h.0.attn.c_attn.weight")]
+    assert opt.param_groups[0]["qkv_layouts"][names.index("transformer.h.0.attn.c_attn.weight")] == "contiguous"
 
     assign_grads(model, 0)
     block = model.transformer.h[0]

@@ -9,9 +9,10 @@ and the position embedding, as in the paper's code); the rest are "vectors".
   W ← W(1 − η_m λ) − η_m Ψ_p(R_t); with p = 1 this is AdamW.
 - Vectors, in both families: W ← W − η_v R_t (AdamW with no weight decay).
 
-Packed QKV weights are split into their three d×d blocks before Ψ_p, and HF GPT-2 `Conv1D`
-weights, stored (in, out), are transformed in their logical (out, in) orientation. The layout of
-each weight comes from its module: pass `model=` (or the model itself as `named_params`), or all
+Packed QKV weights are split into their Q, K and V blocks before Ψ_p, by the model's row layout
+(contiguous for GPT-2's c_attn, per head for GPT-NeoX/Pythia and Bloom), and HF GPT-2 `Conv1D`
+weights, stored (in, out), are transformed in their logical (out, in) orientation. Layouts come
+from the model: pass `model=` (or the model itself as `params`), or declare them; otherwise all
 matrices are read as `nn.Linear`-style (out, in).
 """
 from __future__ import annotations
@@ -87,8 +88,8 @@ def param_layout(model: nn.Module) -> dict[str, str]:
     return layouts
 
 
-def _matches(name: str, patterns: Iterable[str]) -> bool:
-    return any(pattern in name for pattern in patterns)
+def _matches(name: str | None, patterns: Iterable[str]) -> bool:
+    return name is not None and any(pattern in name for pattern in patterns)
 
 
 def _logical_shape(param: torch.Tensor, layout: str) -> tuple[int, int]:
@@ -98,82 +99,183 @@ def _logical_shape(param: torch.Tensor, layout: str) -> tuple[int, int]:
     return param.shape[0], math.prod(param.shape[1:])
 
 
+# Fused QKV row layouts, by the HF `model_type` that uses them. "contiguous": the output rows are
+# [Q | K | V] (GPT-2's c_attn); "per_head": [head 0: q k v | head 1: q k v | …], each part
+# head_dim rows (GPT-NeoX/Pythia's and Bloom's query_key_value reshape to (heads, 3, head_dim)).
+PER_HEAD_QKV_MODELS = ("gpt_neox", "bloom")
+QKV_LAYOUTS = ("contiguous", "per_head")
+QKV_BLOCKS = ("matrix", "head")
+
+
+def model_qkv_layout(model: nn.Module | None) -> tuple[str | None, int | None]:
+    """(layout, number of heads) of the model's fused QKV weights, read from its HF config.
+
+    (None, heads) where the model type is unknown: a fused weight is then split contiguously only
+    when its name is an unambiguous one (see `SpectralOptimizer`)."""
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type in PER_HEAD_QKV_MODELS:
+        return "per_head", heads
+    if model_type == "gpt2":
+        return "contiguous", heads
+    return None, heads
+
+
+def qkv_row_blocks(layout: str, width: int, heads: int | None, blocks: str) -> list[torch.Tensor]:
+    """Row indices of each block Ψ_p is applied to, for a fused (3·width, in) QKV direction.
+
+    blocks="matrix": three blocks, all of Q's rows, then K's, then V's (in head order), as the paper
+    splits GPT-2's c_attn; blocks="head": one block per (role, head), 3·heads blocks."""
+    if layout == "contiguous" and blocks == "matrix":
+        return [torch.arange(role * width, (role + 1) * width) for role in range(3)]
+    if not heads or width % heads:
+        raise ValueError(f"splitting a fused QKV {'per head' if layout == 'per_head' else 'into heads'} "
+                         f"needs the number of heads (got {heads} for width {width}): pass model= or num_heads=")
+    head_dim = width // heads
+    rows = torch.arange(3 * width).reshape(3, heads, head_dim) if layout == "contiguous" else \
+        torch.arange(3 * width).reshape(heads, 3, head_dim).transpose(0, 1)  # -> (role, head, head_dim)
+    if blocks == "matrix":
+        return [rows[role].reshape(-1) for role in range(3)]
+    return [rows[role, head] for role in range(3) for head in range(heads)]
+
+
 class SpectralOptimizer(torch.optim.Optimizer):
     """Adam/mSGD with Ψ_p on matrix updates; see the module docstring for the update rules.
 
-    `named_params`: (name, parameter) pairs, as `model.named_parameters()` yields them (tied weights
-    once), or the model itself. `model=`: the module the names belong to, used to find Conv1D
-    weights (`param_layout`). An ablation variant (`AdamS_svd`, `mSGDZ_nosplit`, `mSGDZ_embvec`)
-    forces its keyword over the one passed. Param groups: [0] kind="matrix", [1] kind="vector";
-    each has its own `lr`, so `torch.optim.lr_scheduler` schedulers act per group.
+    `params` takes what `torch.optim.AdamW` takes: the model itself, an iterable of tensors, of
+    (name, tensor) pairs (`model.named_parameters()`, tied weights once), or of param-group dicts
+    whose "params" is any of those, with per-group options (`lr`, `lr_matrix`, `lr_vector`,
+    `weight_decay`, `betas`, `eps`, `momentum`). Each group given becomes two groups here, kind
+    "matrix" then kind "vector" (possibly empty), so the plain case has [0] matrices and [1]
+    vectors; a group's `lr` sets both kinds' LR unless `lr_matrix` / `lr_vector` say otherwise, and
+    `torch.optim.lr_scheduler` schedulers act per group. `add_param_group` takes the same dicts.
+
+    Names drive two rules, the fused-QKV split and `embeddings_as_vectors`; a tensor given without
+    a name takes its name from `model=` when it belongs to it. `model=` also gives the storage
+    layout (Conv1D weights are (in, out), `param_layout`) and, from its HF config, the fused QKV
+    row layout and head count (`model_qkv_layout`); `qkv_layout=` / `num_heads=` declare them for
+    other models. `qkv_blocks`: "matrix" (Q, K and V each transformed whole, the paper's split of
+    GPT-2) or "head" (each head's Q, K and V apart). An ablation variant (`AdamS_svd`,
+    `mSGDZ_nosplit`, `mSGDZ_embvec`) forces its keyword over the one passed. `lr_matrix` /
+    `lr_vector` default to the variant's peak LRs of the paper.
     """
 
-    def __init__(self, named_params, variant: str, lr_matrix: float, lr_vector: float,
+    def __init__(self, params, variant: str, lr_matrix: float | None = None, lr_vector: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.95), momentum: float = 0.9, eps: float = 1e-8,
                  weight_decay: float = 0.0, ns_iters: int = 15, split_qkv: bool = True,
                  qkv_patterns: tuple[str, ...] = ("c_attn", "qkv", "query_key_value"),
+                 qkv_layout: str | None = None, num_heads: int | None = None, qkv_blocks: str = "matrix",
                  embeddings_as_vectors: bool = False,
                  embedding_patterns: tuple[str, ...] = ("wte", "wpe", "embed", "lm_head"),
                  psi_method: str = "ns", model: nn.Module | None = None):
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant '{variant}'; valid: {', '.join(VARIANTS)}")
+        spec = VARIANTS[variant]
+        lr_matrix = spec.lr_matrix if lr_matrix is None else lr_matrix
+        lr_vector = spec.lr_vector if lr_vector is None else lr_vector
         forced = ABLATIONS.get(variant, (variant, {}))[1]
         split_qkv = forced.get("split_qkv", split_qkv)
         embeddings_as_vectors = forced.get("embeddings_as_vectors", embeddings_as_vectors)
         psi_method = forced.get("psi_method", psi_method)
         self._check_hyperparameters(lr_matrix, lr_vector, betas, momentum, eps, weight_decay,
                                     ns_iters, psi_method)
+        if qkv_layout is not None and qkv_layout not in QKV_LAYOUTS:
+            raise ValueError(f"qkv_layout must be one of {', '.join(QKV_LAYOUTS)}, not '{qkv_layout}'")
+        if qkv_blocks not in QKV_BLOCKS:
+            raise ValueError(f"qkv_blocks must be one of {', '.join(QKV_BLOCKS)}, not '{qkv_blocks}'")
 
-        spec = VARIANTS[variant]
         self.variant = variant
         self.family = spec.family
         self.p = spec.p
         self.ns_iters = int(ns_iters)
         self.psi_method = psi_method
         self.split_qkv = bool(split_qkv)
+        self.qkv_patterns = tuple(qkv_patterns)
+        self.qkv_blocks = qkv_blocks
         self.embeddings_as_vectors = bool(embeddings_as_vectors)
+        self.embedding_patterns = tuple(embedding_patterns)
 
-        if isinstance(named_params, nn.Module):
-            model = named_params if model is None else model
-            named_params = named_params.named_parameters()
-        layouts = param_layout(model) if model is not None else {}
+        if isinstance(params, nn.Module):
+            model = params if model is None else model
+            params = params.named_parameters()
+        self._layouts = param_layout(model) if model is not None else {}
+        self._names = {id(param): name for name, param in model.named_parameters()} if model is not None else {}
+        detected_layout, detected_heads = model_qkv_layout(model)
+        self.qkv_layout = qkv_layout or detected_layout
+        self.num_heads = num_heads or detected_heads
+        self._lr_matrix, self._lr_vector, self._weight_decay = lr_matrix, lr_vector, weight_decay
 
-        matrices, matrix_names, matrix_layouts, packed_qkv = [], [], [], []
+        defaults = dict(lr=lr_matrix, betas=tuple(betas), eps=eps, momentum=momentum, weight_decay=0.0)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a user's group as a matrix group and a vector group (see the class docstring)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        entries = param_group["params"]
+        if isinstance(entries, torch.Tensor):
+            entries = [entries]
+        elif isinstance(entries, set):
+            raise TypeError("optimizer parameters need an ordered collection, not a set")
+        options = {key: value for key, value in param_group.items()
+                   if key not in ("params", "param_names", "lr_matrix", "lr_vector")}
+        lr_matrix = param_group.get("lr_matrix", param_group.get("lr", self._lr_matrix))
+        lr_vector = param_group.get("lr_vector", param_group.get("lr", self._lr_vector))
+        given_names = list(param_group.get("param_names") or [])
+
+        matrices, matrix_names, matrix_layouts, qkv_layouts = [], [], [], []
         vectors, vector_names = [], []
-        seen: set[int] = set()
-        for name, param in named_params:
+        seen: set[int] = set()  # within this group; torch refuses a parameter in two groups
+        for k, entry in enumerate(entries):
+            name, param = entry if isinstance(entry, tuple) else (
+                given_names[k] if k < len(given_names) else None, entry)
+            if not isinstance(param, torch.Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(param)}")
+            name = name if name is not None else self._names.get(id(param))
             # named_parameters() already lists a tied weight once; a hand-built list may not.
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
-            as_vector = param.ndim < 2 or (embeddings_as_vectors and _matches(name, embedding_patterns))
-            if as_vector:
+            if param.ndim < 2 or (self.embeddings_as_vectors and _matches(name, self.embedding_patterns)):
                 vectors.append(param)
-                vector_names.append(name)
+                vector_names.append(name or "")
                 continue
-            layout = layouts.get(name, "linear")
-            out_features, in_features = _logical_shape(param, layout)
+            layout = self._layouts.get(name, "linear")
             matrices.append(param)
-            matrix_names.append(name)
+            matrix_names.append(name or "")
             matrix_layouts.append(layout)
-            # The role (name) identifies a fused QKV; the shape check guards the three-way split.
-            is_qkv = self.split_qkv and _matches(name, qkv_patterns)
-            packed_qkv.append(is_qkv and out_features == 3 * in_features)
-            if is_qkv and in_features == 3 * out_features and layout != "conv1d":
-                warnings.warn(f"'{name}' looks like a fused QKV stored (in, out) (a Conv1D?) but its "
-                              "layout is unknown, so it is not split: pass model= to SpectralOptimizer",
-                              stacklevel=2)
+            qkv_layouts.append(self._qkv_layout_of(name, param, layout))
 
-        defaults = dict(lr=lr_matrix, betas=tuple(betas), eps=eps, momentum=momentum, weight_decay=0.0)
         # Names are set here rather than passed as (name, param) pairs: torch only records them for
         # non-empty groups, and then refuses a mix of named and unnamed groups.
-        groups = [
-            dict(params=matrices, param_names=matrix_names, kind="matrix", lr=lr_matrix,
-                 weight_decay=weight_decay, param_layouts=matrix_layouts, packed_qkv=packed_qkv),
-            dict(params=vectors, param_names=vector_names, kind="vector", lr=lr_vector,
-                 weight_decay=0.0),  # vectors never decay
-        ]
-        super().__init__(groups, defaults)
+        super().add_param_group(dict(options, params=matrices, param_names=matrix_names, kind="matrix",
+                                     lr=lr_matrix, weight_decay=param_group.get("weight_decay", self._weight_decay),
+                                     param_layouts=matrix_layouts, qkv_layouts=qkv_layouts,
+                                     num_heads=self.num_heads, qkv_blocks=self.qkv_blocks))
+        super().add_param_group(dict(options, params=vectors, param_names=vector_names, kind="vector",
+                                     lr=lr_vector, weight_decay=0.0))  # vectors never decay
+
+    def _qkv_layout_of(self, name: str | None, param: torch.Tensor, layout: str) -> str:
+        """"none", "contiguous" or "per_head": how a matrix's fused QKV rows are laid out."""
+        if not (self.split_qkv and _matches(name, self.qkv_patterns)):
+            return "none"
+        out_features, in_features = _logical_shape(param, layout)
+        if in_features == 3 * out_features and layout != "conv1d":
+            warnings.warn(f"'{name}' looks like a fused QKV stored (in, out) (a Conv1D?) but its "
+                          "layout is unknown, so it is not split: pass model= to SpectralOptimizer",
+                          stacklevel=4)
+            return "none"
+        if out_features != 3 * in_features:  # grouped-query or multi-query fused weights: not three d×d
+            return "none"
+        if self.qkv_layout is not None:
+            return self.qkv_layout
+        # No config says how the rows are ordered: only GPT-2's own name is unambiguous.
+        if "query_key_value" in name:
+            warnings.warn(f"'{name}' is a fused QKV whose row layout is unknown (contiguous or per head), "
+                          "so it is not split: pass model= (an HF model) or qkv_layout=", stacklevel=4)
+            return "none"
+        return "contiguous"
 
     @staticmethod
     def _check_hyperparameters(lr_matrix, lr_vector, betas, momentum, eps, weight_decay, ns_iters,
@@ -222,25 +324,29 @@ class SpectralOptimizer(torch.optim.Optimizer):
             state["momentum_buffer"].mul_(group["momentum"]).add_(grad)
         return state["momentum_buffer"]
 
-    def _spectral(self, directions: list[torch.Tensor], layouts: list[str], packed_qkv: list[bool]
-                  ) -> list[torch.Tensor]:
+    def _spectral(self, directions: list[torch.Tensor], layouts: list[str], qkv_layouts: list[str],
+                  group: dict) -> list[torch.Tensor]:
         """Ψ_p of every matrix update of a step, each in its logical (out, in) orientation with
         QKV blocks apart; all of them go through one `psi_many` call, which batches equal shapes
-        (the layers share shapes, and so do the three QKV blocks)."""
+        (the layers share shapes, and so do the QKV blocks)."""
         if self.p == 1.0:
             return directions
-        blocks, block_counts = [], []
-        for direction, layout, packed in zip(directions, layouts, packed_qkv):
+        blocks, block_rows = [], []
+        for direction, layout, qkv in zip(directions, layouts, qkv_layouts):
             logical = direction.mT if layout == "conv1d" else direction.reshape(direction.shape[0], -1)
-            # A packed (3d, d) QKV is three d×d row blocks, transformed separately.
-            parts = logical.chunk(3, dim=0) if packed else (logical,)
-            blocks.extend(parts)
-            block_counts.append(len(parts))
+            rows = None if qkv == "none" else qkv_row_blocks(qkv, logical.shape[0] // 3, group.get("num_heads"),
+                                                             group.get("qkv_blocks", "matrix"))
+            blocks.extend([logical] if rows is None else [logical[index] for index in rows])
+            block_rows.append(rows)
         transformed = iter(psi_many(blocks, self.p, self.ns_iters, self.psi_method))
         updates = []
-        for direction, layout, count in zip(directions, layouts, block_counts):
-            parts = [next(transformed) for _ in range(count)]
-            logical = torch.cat(parts, dim=0) if count > 1 else parts[0]
+        for direction, layout, rows in zip(directions, layouts, block_rows):
+            if rows is None:
+                logical = next(transformed)
+            else:
+                logical = torch.empty_like(direction.mT if layout == "conv1d" else direction.reshape(direction.shape[0], -1))
+                for index in rows:
+                    logical[index] = next(transformed)
             updates.append(logical.mT if layout == "conv1d" else logical.reshape(direction.shape))
         return updates
 
@@ -262,8 +368,8 @@ class SpectralOptimizer(torch.optim.Optimizer):
 
     def _step_matrices(self, group: dict) -> None:
         lr, decay = group["lr"], group["weight_decay"]
-        params, directions, layouts, packed_qkv = [], [], [], []
-        for param, layout, packed in zip(group["params"], group["param_layouts"], group["packed_qkv"]):
+        params, directions, layouts, qkv_layouts = [], [], [], []
+        for param, layout, qkv in zip(group["params"], group["param_layouts"], group["qkv_layouts"]):
             if param.grad is None:
                 continue
             grad = self._dense_grad(param)
@@ -273,8 +379,8 @@ class SpectralOptimizer(torch.optim.Optimizer):
                 directions.append(self._momentum(param, grad, group))
             params.append(param)
             layouts.append(layout)
-            packed_qkv.append(packed)
-        for param, update in zip(params, self._spectral(directions, layouts, packed_qkv)):
+            qkv_layouts.append(qkv)
+        for param, update in zip(params, self._spectral(directions, layouts, qkv_layouts, group)):
             if decay != 0.0:
                 param.mul_(1.0 - lr * decay)
             param.add_(update, alpha=-lr)
