@@ -105,6 +105,21 @@ def test_bad_input_is_one_line(icml, tmp_path):
     assert result.code == 2 and "train_threads must be positive" in result.err
 
 
+def test_short_and_fully_held_apart_data_files_are_refused(icml, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    long_line = {"context": " ".join(["k1"] * 40), "question": "? k1 =", "answer": "v1"}
+    short_line = {"context": "k1 v1 ;", "question": "? k1 =", "answer": "v1"}
+    data.write_text("\n".join(json.dumps(line) for line in (long_line, long_line, short_line, long_line)) + "\n")
+    result = icml("kv-compress", "train", *TINY, "--data", data, "--set", "calibration_split=1",
+                  "--set", "calibrate_on_train=false", "--set", "h_bar=0.3")
+    assert result.code == 0, result.err
+    result = icml("kv-compress", "eval")
+    assert result.code == 2 and "line 3 has a" in result.err and "observation window (16)" in result.err
+    assert "Traceback" not in result.err
+    result = icml("kv-compress", "train", *TINY, "--data", data, "--set", "calibration_split=4")
+    assert result.code == 2 and "all held apart for calibration" in result.err
+
+
 def test_model_and_data_inputs(icml, tmp_path):
     """A local HF checkpoint (no training) and a JSONL file in the LongBench schema, scored by token F1."""
     import torch
@@ -122,15 +137,19 @@ def test_model_and_data_inputs(icml, tmp_path):
     tokenizer.save_pretrained(folder)
     data = tmp_path / "qa.jsonl"
     rows = [{"context": " ".join(f"f{(i * j) % 30}" for j in range(50)) + " magic v3 ;", "input": "? magic =",
-             "answers": ["v3"]} for i in range(3)]
+             "answers": ["v3", "v 3"]} for i in range(5)]
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     result = icml("kv-compress", "train", "--preset", "smoke", "--model", folder, "--data", data,
-                  "--set", "scoring=f1", "--set", "max_new_tokens=2", "--json")
+                  "--set", "scoring=f1", "--set", "max_new_tokens=2", "--set", "calibration_split=2", "--json")
     assert result.code == 0, result.err
     run = Path(result.json()["run_dir"])
-    assert str(folder.resolve()) in json.loads((run / "calibration.json").read_text())
+    calibration = json.loads((run / "calibration.json").read_text())[str(folder.resolve())]
+    assert calibration["lines"] == [1, 2] and calibration["n"] == 2  # held apart from eval
     result = icml("kv-compress", "eval", run, "--json")
     assert result.code == 0, result.err
     frame = pq.read_table(run / "metrics.parquet").to_pandas()
     assert set(frame["task"].dropna()) == {"qa"}
+    assert "token_f1" in set(frame["metric"]) and "exact_match" not in set(frame.loc[frame["phase"] == "eval", "metric"])
+    assert {"token_f1_diff_ci_low", "token_f1_diff_ci_high"} <= set(frame["metric"])
+    assert set(pq.read_table(run / "examples.parquet").to_pandas()["line"]) == {3, 4, 5}
     assert set(frame.loc[frame["metric"] == "kept_entries", "variant"]) == {"full", "snapkv", "entrokv_snapkv"}

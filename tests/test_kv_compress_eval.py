@@ -69,3 +69,30 @@ def test_kept_entries_equal_across_variants_and_totals_conserved(results):
     totals = alloc[alloc["ratio"] == 0.3].groupby(["task", "variant"])["budget"].sum().unstack()
     assert totals.drop(columns=["full", "entrokv_qagnostic"]).nunique(axis=1).eq(1).all()  # …not totals
     assert (alloc["kept"] == alloc["budget"] + cfg.window).all()
+
+
+def test_token_f1_takes_the_best_reference_answer():
+    """LongBench scores a free answer against every reference and keeps the best; the metric is
+    named token_f1, not exact_match. The prediction here is the model's own greedy answer."""
+    from dataclasses import replace
+
+    from icml.methods.kv_compress.evaluation import greedy_answer, split
+    from icml.methods.kv_compress.model import RaggedCache, prefill
+
+    cfg = preset("smoke")
+    cfg.tiny.hidden, cfg.tiny.intermediate = 32, 64
+    cfg.scoring, cfg.max_new_tokens = "f1", 3
+    tokenizer = build_tokenizer()
+    model = tiny_model(cfg, len(tokenizer), 0).eval()
+    example = generate("kv_retrieval", 0, random.Random(2), 70, 90)
+    parts = split(tokenizer, example, True, "cpu")
+    state = prefill(model, parts.prefix, cfg.window)
+    full = RaggedCache.from_prefill(state, [[torch.arange(state.n)] * state.shape[1]] * state.shape[0])
+    predicted = greedy_answer(model, tokenizer, full, parts, cfg.max_new_tokens)
+    specs = [variant_spec("full", cfg)]
+    scores = {}
+    for name, answers in (("wrong only", ("zz-nothing",)), ("wrong then right", ("zz-nothing", predicted))):
+        rows, _ = evaluate_example(model, tokenizer, replace(example, answers=answers), cfg, specs, [1.0], 0.3, "cpu")
+        assert "exact_match" not in rows[0]
+        scores[name] = rows[0]["token_f1"]
+    assert scores == {"wrong only": 0.0, "wrong then right": 1.0}

@@ -117,3 +117,75 @@ def test_tokenizer_round_trip():
     ids = tokenizer(text)["input_ids"]
     assert ids[0] == tokenizer.bos_token_id and len(ids) == len(text.split()) + 1
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def _mistral(window):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                           sliding_window=window, attn_implementation="eager")
+    return MistralForCausalLM(config).eval()
+
+
+def _qwen2_sliding(window):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                         use_sliding_window=True, sliding_window=window, max_window_layers=1,
+                         attn_implementation="eager")
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("build", [_mistral, _qwen2_sliding])
+def test_sliding_window_checkpoints_are_exact_within_the_window_and_refused_beyond(build):
+    """Within W positions the window never binds and our forward is HF's own; past W it would
+    differ (the defect: 0.13 on Mistral at 150 tokens), so such examples are refused in one line."""
+    from icml.cli.errors import UsageError
+    from icml.methods.kv_compress.config import preset
+    from icml.methods.kv_compress.data import Example
+    from icml.methods.kv_compress.evaluation import check_lengths
+    from icml.methods.kv_compress.model import sliding_window
+
+    window = 64
+    model = build(window)
+    assert sliding_window(model.config) == window
+    ids = torch.randint(0, 50, (150,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        inside = model(ids[None, :window]).logits[0]
+        beyond = model(ids[None]).logits[0]
+    state = prefill(model, ids[:40], window=8, with_logits=True)
+    cache = RaggedCache.from_prefill(state, _keep_all(state))
+    logits, _ = extend(model, cache, ids[40:window])
+    torch.testing.assert_close(torch.cat([state.logits, logits]), inside, atol=1e-5, rtol=1e-5)
+    ours = prefill(model, ids, window=8, with_logits=True).logits
+    assert float((ours[window:] - beyond[window:]).abs().max()) > 1e-3  # why longer ones are refused
+
+    tokenizer = build_tokenizer()
+    cfg = preset("smoke")
+    short = Example("qa", 0, " ".join(["k1"] * 40), "? k1 =", "v1", line=3)
+    long = Example("qa", 1, " ".join(["k1"] * 140), "? k1 =", "v1", line=4)  # <bos> + 140 + 3, teacher-forced
+    check_lengths(tokenizer, [short], cfg, model, "--data 'qa.jsonl'", agnostic=False)
+    with pytest.raises(UsageError, match="line 4 needs 144 positions.*last 64 keys"):
+        check_lengths(tokenizer, [short, long], cfg, model, "--data 'qa.jsonl'", agnostic=False)
+    assert sliding_window(_llama().config) is None
+
+
+def test_a_prompt_within_the_observation_window_is_refused_by_line():
+    from icml.cli.errors import UsageError
+    from icml.methods.kv_compress.config import preset
+    from icml.methods.kv_compress.data import Example
+    from icml.methods.kv_compress.evaluation import check_lengths
+
+    cfg = preset("smoke")  # window 16
+    tokenizer = build_tokenizer()
+    # <bos> + 13 words + "? k1 =" minus its last token: a 16-token prefill, none left to select
+    tight = Example("qa", 0, " ".join(["k1"] * 13), "? k1 =", "v1", line=7)
+    with pytest.raises(UsageError, match=r"line 7 has a 16-token prefill .* observation window \(16\)") as error:
+        check_lengths(tokenizer, [tight], cfg, _llama(), "--data 'qa.jsonl'", agnostic=False)
+    assert "at least 17" in error.value.fix
+    roomy = Example("qa", 0, " ".join(["k1"] * 14), "? k1 =", "v1", line=7)
+    check_lengths(tokenizer, [roomy], cfg, _llama(), "--data 'qa.jsonl'", agnostic=False)

@@ -19,6 +19,7 @@ METHOD = Method(
     metrics={"exact_match": HIGHER, "retention": HIGHER, "answer_nll": LOWER, "kl_to_full": LOWER,
              "kept_entries": None, "kept_fraction": None, "memory_bytes": LOWER, "overhead_ms": LOWER,
              "budget_cv": None, "mean_entropy": None, "em_diff_ci_low": None, "em_diff_ci_high": None,
+             "token_f1": HIGHER, "token_f1_diff_ci_low": None, "token_f1_diff_ci_high": None,
              "alloc_corr_retrieval_aggregation": None, "train_loss": LOWER, "val_loss": LOWER,
              "val_exact_match": HIGHER},
     variants=tuple(VARIANTS),

@@ -60,7 +60,8 @@ class KvCompressConfig:
     curriculum_hold: float = 0.5  # fraction of the steps on short contexts
     curriculum_grow: float = 0.25  # then the lengths grow to context_min..context_max over this fraction
     data: str | None = None  # a JSONL file (--data): context/question/answer or context/input/answers
-    scoring: str = "exact"  # exact | f1 (token F1, for --data files with free-form answers)
+    scoring: str = "exact"  # exact | f1 (token F1, best over a line's answers: metric token_f1)
+    calibration_split: int = 16  # the first lines of a --data file, held apart for H̄; eval scores the rest
     max_new_tokens: int = 16  # greedy answer length cap for --data files
     # training of the tiny model
     steps: int = 3000
@@ -150,6 +151,8 @@ def validate(cfg: KvCompressConfig) -> None:
                 "train_log_every", "val_every", "val_per_task", "n_calibration", "bootstrap", "max_new_tokens"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(cfg, key)}")
+    if cfg.calibration_split < 0:
+        raise ValueError(f"calibration_split must be >= 0 (lines of --data held apart for H̄), not {cfg.calibration_split}")
     if cfg.sinks < 0:
         raise ValueError(f"sinks must be >= 0, not {cfg.sinks}")
     if not cfg.window + 8 <= cfg.context_min <= cfg.context_max:

@@ -30,8 +30,10 @@ class Example:
     example_id: int
     context: str
     question: str
-    answer: str
+    answer: str  # the reference the answer is teacher-forced on (the first of `answers`)
     more: tuple[tuple[str, str], ...] = ()  # further (question, answer) pairs: training sequences only
+    answers: tuple[str, ...] = ()  # every reference answer of a --data line (token F1 takes the best)
+    line: int | None = None  # the line of a --data file it came from
 
 
 def build_tokenizer():
@@ -186,7 +188,7 @@ def generate_set(tasks: list[str], n_per_task: int, seed: int, context_min: int,
 
 def load_jsonl(path: str | Path) -> list[Example]:
     """A user file: one JSON object per line with context/question/answer, or LongBench's
-    context/input/answers (the first answer is the gold one)."""
+    context/input/answers (every answer is a reference; the first is the one teacher-forced)."""
     path = Path(path)
     examples = []
     task = path.stem
@@ -206,14 +208,14 @@ def load_jsonl(path: str | Path) -> list[Example]:
             raise UsageError(f"--data '{path}' line {number} is not a JSON object",
                              "write objects with context/question/answer")
         question = record.get("question", record.get("input"))
-        answer = record.get("answer", record.get("answers"))
-        if isinstance(answer, list):
-            answer = answer[0] if answer else None
+        answers = record.get("answer", record.get("answers"))
+        answers = answers if isinstance(answers, list) else [answers]
         if not isinstance(record.get("context"), str) or not isinstance(question, str) \
-                or not isinstance(answer, str):
+                or not answers or not all(isinstance(a, str) for a in answers):
             raise UsageError(f"--data '{path}' line {number} lacks string fields context, question/input "
                              "and answer/answers", "give every line context, question and answer")
-        examples.append(Example(task, len(examples), record["context"], question, answer))
+        examples.append(Example(task, len(examples), record["context"], question, answers[0],
+                                answers=tuple(answers), line=number))
     if not examples:
         raise UsageError(f"--data '{path}' holds no examples", "write one JSON object per line")
     return examples

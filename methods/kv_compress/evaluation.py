@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from icml.cli.errors import UsageError
 from icml.methods.kv_compress import compress as kv
 from icml.methods.kv_compress.data import Example
-from icml.methods.kv_compress.model import Prefill, RaggedCache, extend, prefill
+from icml.methods.kv_compress.model import Prefill, RaggedCache, extend, prefill, sliding_window
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,35 @@ def encode_parts(tokenizer, example: Example) -> tuple[list[int], list[int], lis
     return context, question, answer
 
 
+def check_lengths(tokenizer, examples: list[Example], cfg, model, source: str, agnostic: bool) -> None:
+    """Refuse, in one line, an example this evaluation cannot run as specified: a prefill no longer
+    than the observation window (no entry to select from), or a sequence longer than the sliding
+    window of a checkpoint whose layers attend to their last W keys only (our forward attends to
+    every kept key, so its logits would differ from the model's own past W positions)."""
+    window = sliding_window(model.config)
+    for example in examples:
+        context, question, answer = encode_parts(tokenizer, example)
+        where = f"line {example.line}" if example.line is not None else f"example {example.example_id}"
+        prefill_length = len(context) if agnostic else len(context) + len(question) - 1
+        if prefill_length <= cfg.window:
+            raise UsageError(f"{source} {where} has a {prefill_length}-token prefill (context"
+                             f"{'' if agnostic else ' + question but its last token'}), not longer than the "
+                             f"observation window ({cfg.window})",
+                             f"give it at least {cfg.window + 1} such tokens, or lower --set window=")
+        generated = max(len(answer) - 1, cfg.max_new_tokens if cfg.scoring == "f1" else 0)
+        total = len(context) + len(question) + generated
+        if window is not None and total > window:
+            raise UsageError(f"{source} {where} needs {total} positions, but this checkpoint's sliding-window "
+                             f"layers attend to their last {window} keys only, which kv-compress does not model",
+                             f"keep prompt + answer within {window} tokens, or use a full-attention checkpoint")
+
+
+def score_metric(cfg) -> str:
+    """The per-example score: exact_match (greedy = reference, token by token, teacher-forced) or
+    token_f1 (free greedy answer, best F1 over the line's references, as LongBench scores)."""
+    return "token_f1" if cfg.scoring == "f1" else "exact_match"
+
+
 def split(tokenizer, example: Example, question_aware: bool, device: str) -> Split:
     """Question-aware: prefill context + question but its last token (the question lies in the
     window; the last token is decoded through the compressed cache, so the first answer position
@@ -137,7 +167,7 @@ def split(tokenizer, example: Example, question_aware: bool, device: str) -> Spl
 
 @dataclass
 class Outcome:
-    correct: float  # exact match (or token F1 for scoring=f1)
+    correct: float  # exact match of the teacher-forced reference
     answer_nll: float
     kl_to_full: float
     first_logprobs: torch.Tensor
@@ -196,11 +226,12 @@ def evaluate_example(model, tokenizer, example: Example, cfg, specs: list[Varian
             outcome = full if spec.allocation == "full" else score_cache(model, cache, part, full.first_logprobs)
             correct = outcome.correct
             if cfg.scoring == "f1":
-                correct = token_f1(greedy_answer(model, tokenizer, cache, part, cfg.max_new_tokens), example.answer)
+                predicted = greedy_answer(model, tokenizer, cache, part, cfg.max_new_tokens)
+                correct = max(token_f1(predicted, reference) for reference in example.answers or (example.answer,))
             L, n_kv, _ = state.shape
             budgets = selection.budget.astype(float)
             results.append({"variant": spec.name, "task": example.task, "ratio": ratio,
-                            "example_id": example.example_id, "exact_match": correct,
+                            "example_id": example.example_id, "line": example.line, score_metric(cfg): correct,
                             "answer_nll": outcome.answer_nll, "kl_to_full": outcome.kl_to_full,
                             "kept_entries": cache.entries(), "kept_fraction": cache.entries() / (L * n_kv * state.n),
                             "memory_bytes": cache.memory_bytes(), "overhead_ms": overhead,

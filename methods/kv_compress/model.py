@@ -57,6 +57,20 @@ def load_checkpoint(path: str | Path):
     return model.eval(), tokenizer
 
 
+def sliding_window(config) -> int | None:
+    """W of a checkpoint whose layers (some or all) attend to their last W keys only, else None.
+
+    Mistral slides in every layer once `sliding_window` is set; Qwen2/Qwen3 list the sliding
+    layers in `layer_types` (from `use_sliding_window` and `max_window_layers`)."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
 # ---------------------------------------------------------------------------------------------
 # The pieces of a decoder layer
 # ---------------------------------------------------------------------------------------------

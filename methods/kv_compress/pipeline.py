@@ -20,7 +20,8 @@ from icml.cli.runstore import atomic_write_json
 from icml.cli.threads import intra_op_threads, single_thread
 from icml.methods.kv_compress.config import TASKS
 from icml.methods.kv_compress.data import build_tokenizer, generate_set, load_jsonl
-from icml.methods.kv_compress.evaluation import analyse, evaluate_example, split, variant_spec
+from icml.methods.kv_compress.evaluation import (analyse, check_lengths, evaluate_example, score_metric, split,
+                                                 variant_spec)
 from icml.methods.kv_compress.model import load_checkpoint, prefill, tiny_model
 
 TRAINED = "tiny"  # calibration key of the run's own trained model
@@ -50,10 +51,22 @@ def load_model(run_path: Path, cfg, override: str | None, device: str):
     return model.to(device), build_tokenizer()
 
 
+def user_split(cfg) -> tuple[list, list]:
+    """(calibration, eval) lines of the --data file: the first `calibration_split` lines are held
+    apart for H̄, eval scores the next n_per_task; the two never share a line."""
+    examples = load_jsonl(cfg.data)
+    held, scored = examples[:cfg.calibration_split], examples[cfg.calibration_split:][:cfg.n_per_task]
+    if not scored:
+        raise UsageError(f"--data '{cfg.data}' has {len(examples)} lines, all held apart for calibration "
+                         f"(calibration_split={cfg.calibration_split})",
+                         "add lines, or lower --set calibration_split=")
+    return held, scored
+
+
 def eval_examples(cfg, seed: int) -> list:
-    """The user's JSONL examples (first n_per_task), or n_per_task generated examples per task."""
+    """The user's JSONL examples after the calibration lines, or n_per_task generated examples per task."""
     if cfg.data:
-        return load_jsonl(cfg.data)[:cfg.n_per_task]
+        return user_split(cfg)[1]
     return generate_set(TASKS, cfg.n_per_task, seed, cfg.context_min, cfg.context_max, "test")
 
 
@@ -72,11 +85,17 @@ def calibrate(run_path: Path, cfg, seed: int, device: str, *, model_path: str | 
     """Compute H̄ and store it in <run>/calibration.json under the model's key."""
     n = n or cfg.n_calibration
     model, tokenizer = load_model(run_path, cfg, model_path, device)
-    if data or cfg.data:
-        examples = load_jsonl(data or cfg.data)[:n]
+    if data and not (cfg.data and Path(data).resolve() == Path(cfg.data).resolve()):
+        examples = load_jsonl(data)[:n]  # a file of its own: eval never scores it
+    elif data or cfg.data:
+        examples = user_split(cfg)[0][:n]
+        if not examples:
+            raise UsageError(f"calibration_split is 0, so no line of --data '{cfg.data}' is held apart for H̄",
+                             "set --set calibration_split=16 (or pass a calibration file: calibrate --data)")
     else:  # a mixture stream of its own: never the eval examples
         examples = generate_set(TASKS, -(-n // len(TASKS)), seed, cfg.context_min, cfg.context_max,
                                 "calibration")[:n]
+    check_lengths(tokenizer, examples, cfg, model, "calibration", agnostic=False)
     with single_thread():
         h_bar = mean_entropy(model, tokenizer, examples, cfg, device)
     path = run_path / "calibration.json"
@@ -86,7 +105,7 @@ def calibrate(run_path: Path, cfg, seed: int, device: str, *, model_path: str | 
         raise IcmlError(f"{path} is not valid JSON", "delete it and run: icml kv-compress calibrate") from None
     entry = {"h_bar": h_bar, "n": len(examples), "window": cfg.window, "entropy_norm": cfg.entropy_norm,
              "gqa_agg": cfg.gqa_agg, "data": str(Path(data or cfg.data).resolve()) if (data or cfg.data) else
-             "generated mixture"}
+             "generated mixture", "lines": [e.line for e in examples] if (data or cfg.data) else None}
     table[model_key(cfg, model_path)] = entry
     atomic_write_json(path, table)
     return entry
@@ -111,6 +130,8 @@ def train(ctx: RunContext) -> None:
     from icml.methods.kv_compress.training import train_model
 
     cfg = ctx.config
+    if cfg.data:
+        user_split(cfg)  # a malformed file or one with no line left to score fails before training
     if not cfg.model:
         tokenizer = build_tokenizer()
         model = tiny_model(cfg, len(tokenizer), ctx.seed)
@@ -162,10 +183,12 @@ def summary_rows(per_example: pd.DataFrame, allocations: pd.DataFrame, cfg, seed
     """Averages per (variant, task, ratio), retention, the paired bootstrap CI and the
     retrieval/aggregation allocation correlation."""
     specs = {name: variant_spec(name, cfg) for name in per_example["variant"].unique()}
-    metrics = ["exact_match", "answer_nll", "kl_to_full", "kept_entries", "kept_fraction", "memory_bytes",
+    score = score_metric(cfg)
+    diff = "em_diff" if score == "exact_match" else "token_f1_diff"
+    metrics = [score, "answer_nll", "kl_to_full", "kept_entries", "kept_fraction", "memory_bytes",
                "overhead_ms", "budget_cv", "mean_entropy"]
     means = per_example.groupby(["variant", "task", "ratio"], sort=False)[metrics].mean().reset_index()
-    full_em = per_example[per_example["variant"] == "full"].groupby("task")["exact_match"].mean() \
+    full_score = per_example[per_example["variant"] == "full"].groupby("task")[score].mean() \
         if "full" in specs else pd.Series(dtype=float)
     rows = []
 
@@ -179,18 +202,18 @@ def summary_rows(per_example: pd.DataFrame, allocations: pd.DataFrame, cfg, seed
         base = tags(record["variant"], record["task"], record["ratio"])
         for metric in metrics:
             rows.append({**base, "metric": metric, "value": float(record[metric])})
-        denominator = full_em.get(record["task"], np.nan)
-        retention = record["exact_match"] / denominator if denominator and denominator > 0 else np.nan
+        denominator = full_score.get(record["task"], np.nan)
+        retention = record[score] / denominator if denominator and denominator > 0 else np.nan
         rows.append({**base, "metric": "retention", "value": float(retention)})
     if all(v in specs for v in BOOTSTRAP_PAIR):
         wide = per_example[per_example["variant"].isin(BOOTSTRAP_PAIR)].pivot_table(
-            index=["task", "ratio", "example_id"], columns="variant", values="exact_match")
+            index=["task", "ratio", "example_id"], columns="variant", values=score)
         for (task, ratio), group in wide.groupby(level=["task", "ratio"]):
             diffs = (group[BOOTSTRAP_PAIR[0]] - group[BOOTSTRAP_PAIR[1]]).to_numpy()
             low, high = _bootstrap(diffs, cfg.bootstrap, seed)
             base = tags(BOOTSTRAP_PAIR[0], task, ratio)
-            rows += [{**base, "metric": "em_diff_ci_low", "value": low},
-                     {**base, "metric": "em_diff_ci_high", "value": high}]
+            rows += [{**base, "metric": f"{diff}_ci_low", "value": low},
+                     {**base, "metric": f"{diff}_ci_high", "value": high}]
     picked = allocations[(allocations["variant"] == "entrokv_snapkv") & np.isclose(allocations["ratio"], CORR_RATIO)]
     if {"kv_retrieval", "aggregation"} <= set(picked["task"]):
         maps = picked.groupby(["task", "layer", "kv_head"])["budget"].mean()
@@ -213,6 +236,11 @@ def evaluate(ctx: RunContext) -> None:
                              f"run: icml kv-compress calibrate {ctx.run.path} (or train with --set h_bar=0.3)")
     model, tokenizer = load_model(ctx.run.path, cfg, None, ctx.device)
     examples = eval_examples(cfg, ctx.seed)
+    check_lengths(tokenizer, examples, cfg, model, f"--data '{cfg.data}'" if cfg.data else "generated",
+                  agnostic=any(not spec.question_aware for spec in specs))
+    if cfg.data:
+        ctx.log(f"eval scores lines {examples[0].line}–{examples[-1].line} of {cfg.data} "
+                f"(the first {cfg.calibration_split} are held apart for calibration)")
     ctx.log(f"{len(examples)} examples × {len(cfg.ratios)} ratios × {len(specs)} variants; H̄ = {h_bar}")
     results, allocations = [], []
     with ctx.progress("examples", len(examples)) as advance, single_thread():

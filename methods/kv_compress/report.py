@@ -34,6 +34,11 @@ def _by_ratio(rows: pd.DataFrame, metric: str, task: str) -> pd.DataFrame:
     return _ordered_variants(wide.reset_index()).reset_index(drop=True)
 
 
+def _score(rows: pd.DataFrame) -> str:
+    """The per-example score the run recorded: exact_match, or token_f1 for scoring=f1."""
+    return "token_f1" if "token_f1" in set(rows["metric"]) else "exact_match"
+
+
 def _focus_ratio(rows: pd.DataFrame) -> float:
     ratios = sorted(rows["ratio"].dropna().unique())
     return min(ratios, key=lambda r: abs(r - FOCUS_RATIO))
@@ -47,12 +52,13 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
         table = last.groupby(["metric", "task"], dropna=False)["value"].mean().reset_index()
         return [Table("Tiny Llama at the end of training (run eval for the compression tables)", table)]
     out = []
+    score = _score(rows)
     for task in _tasks(rows):
-        for metric in ("exact_match", "retention"):
+        for metric in (score, "retention"):
             wide = _by_ratio(rows, metric, task)
             out.append(Table(f"{metric} — {task} (variant × budget ratio)", wide,
                              {c: "higher" for c in wide.columns if c.startswith("r=")},
-                             "retention = exact_match / exact_match(full) of the same task"
+                             f"retention = {score} / {score}(full) of the same task"
                              if metric == "retention" else ""))
     ratio = _focus_ratio(rows)
     metrics = ["kl_to_full", "answer_nll", "memory_bytes", "overhead_ms", "kept_entries", "budget_cv", "mean_entropy"]
@@ -64,11 +70,12 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
                      {"kl_to_full": "lower", "answer_nll": "lower", "memory_bytes": "lower", "overhead_ms": "lower"},
                      "memory_bytes: bytes of the K/V tensors actually held + offsets; overhead_ms: entropy + "
                      "allocation + selection + gather beyond the full prefill"))
-    ci = rows[rows["metric"].isin(["em_diff_ci_low", "em_diff_ci_high"])]
+    diff = "em_diff" if score == "exact_match" else "token_f1_diff"
+    ci = rows[rows["metric"].isin([f"{diff}_ci_low", f"{diff}_ci_high"])]
     if not ci.empty:
         wide = ci.pivot_table(index=["task", "ratio"], columns="metric", values="value").reset_index()
-        wide = wide[["task", "ratio", "em_diff_ci_low", "em_diff_ci_high"]]
-        out.append(Table("Paired bootstrap 95% CI of exact_match(entrokv_snapkv − snapkv)", wide,
+        wide = wide[["task", "ratio", f"{diff}_ci_low", f"{diff}_ci_high"]]
+        out.append(Table(f"Paired bootstrap 95% CI of {score}(entrokv_snapkv − snapkv)", wide,
                          note="1000 resamples of the test examples"))
     corr = rows[rows["metric"] == "alloc_corr_retrieval_aggregation"]
     if not corr.empty:
@@ -85,7 +92,7 @@ def headline(frame: pd.DataFrame) -> dict:
     ratio = _focus_ratio(rows)
     focus = rows[np.isclose(rows["ratio"], ratio)]
     out = {}
-    for metric in ("exact_match", "retention", "kl_to_full", "memory_bytes"):
+    for metric in (_score(rows), "retention", "kl_to_full", "memory_bytes"):
         picked = focus[(focus["metric"] == metric) & focus["task"].isin(_tasks(rows))]
         if not picked.empty:
             out[f"{metric}@r={ratio:g}"] = _ordered_variants(
@@ -154,11 +161,14 @@ def _memory(rows: pd.DataFrame):
 
 
 def _forest(rows: pd.DataFrame):
-    ci = rows[rows["metric"].isin(["em_diff_ci_low", "em_diff_ci_high"])]
+    score = _score(rows)
+    diff = "em_diff" if score == "exact_match" else "token_f1_diff"
+    ci = rows[rows["metric"].isin([f"{diff}_ci_low", f"{diff}_ci_high"])]
     wide = ci.pivot_table(index=["task", "ratio"], columns="metric", values="value").reset_index()
-    figure, axis = new_axes("Paired bootstrap 95% CI: EM(entrokv_snapkv) − EM(snapkv)", "EM difference", "")
+    figure, axis = new_axes(f"Paired bootstrap 95% CI: {score}(entrokv_snapkv) − {score}(snapkv)",
+                            f"{score} difference", "")
     labels = [f"{t} r={r:g}" for t, r in zip(wide["task"], wide["ratio"])]
-    for y, (low, high) in enumerate(zip(wide["em_diff_ci_low"], wide["em_diff_ci_high"])):
+    for y, (low, high) in enumerate(zip(wide[f"{diff}_ci_low"], wide[f"{diff}_ci_high"])):
         axis.plot([low, high], [y, y], color="C0", lw=2)
         axis.plot([(low + high) / 2], [y], "o", color="C0")
     axis.axvline(0, color="k", lw=0.8)
@@ -177,6 +187,6 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         if "entrokv_snapkv" in set(alloc["variant"]):
             out.append(("budget heatmaps", _heatmaps(alloc, ratio)))
             out.append(("entropy vs budget", _entropy_scatter(alloc, ratio)))
-    if not rows[rows["metric"] == "em_diff_ci_low"].empty:
+    if not rows[rows["metric"].isin(["em_diff_ci_low", "token_f1_diff_ci_low"])].empty:
         out.append(("bootstrap forest plot", _forest(rows)))
     return out
