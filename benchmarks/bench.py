@@ -12,6 +12,9 @@ same run, written to Parquet (not part of `make test`; timings never gate the te
   against the dense Gaussian reference projection of the same gradients.
 - kv_compress/memory@r=0.3 and kv_compress/overhead@r=0.3: bytes of the compressed KV cache against the
   full cache, and EntroKV's entropy + allocation + selection time against a full prefill.
+- kv_compress/generate_time@r=0.3 and kv_compress/generate_memory@r=0.3: `model.generate()` of 64
+  tokens through `CompressedCache` (EntroKV+SnapKV) against transformers' DynamicCache: seconds per
+  call and K/V bytes held afterwards.
 """
 from __future__ import annotations
 
