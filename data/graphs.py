@@ -247,6 +247,13 @@ def _check_edge_index(edge_index: np.ndarray, n: int, path: Path) -> np.ndarray:
     edge_index = np.asarray(edge_index)
     if edge_index.ndim != 2 or edge_index.shape[0] != 2:
         raise _fail(path, f"edge_index must have shape [2, E], got {edge_index.shape}")
+    if not np.issubdtype(edge_index.dtype, np.integer):  # floats are accepted only when integral
+        if not np.issubdtype(edge_index.dtype, np.floating):
+            raise _fail(path, f"edge_index must hold integer node ids, not {edge_index.dtype}")
+        fractional = edge_index[~(np.isfinite(edge_index) & (edge_index == np.round(edge_index)))]
+        if fractional.size:
+            raise _fail(path, f"edge_index must hold integer node ids, found {fractional[0]}")
+        edge_index = edge_index.astype(np.int64)
     if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
         raise _fail(path, f"edge_index refers to node {int(edge_index.max())} but there are {n} nodes")
     return undirected_edges(edge_index[0], edge_index[1], n)
@@ -287,14 +294,29 @@ def load_mat(path: Path):
     raise _fail(path, f"needs keys Attributes/Network/Label or X/A/gnd, found {keys}")
 
 
+def _pyg_data_classes() -> list:
+    """The classes a pickled `torch_geometric.data.Data` refers to (torch ≥ 2.6 `weights_only`)."""
+    from torch_geometric.data import Data
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import BaseStorage, EdgeStorage, GlobalStorage, NodeStorage
+
+    return [Data, DataEdgeAttr, DataTensorAttr, BaseStorage, EdgeStorage, GlobalStorage, NodeStorage]
+
+
 def load_pt(path: Path):
     import torch
     from torch_geometric.data import Data
 
+    # weights_only: unpickling anything else could run code from the file. A PyG Data object needs
+    # its own classes allow-listed; anything else is refused.
     try:
-        obj = torch.load(path, weights_only=False, map_location="cpu")
+        with torch.serialization.safe_globals(_pyg_data_classes()):
+            obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as exc:  # noqa: BLE001
-        raise _fail(path, f"not a readable torch file ({type(exc).__name__})") from None
+        reason = "it holds objects other than tensors and a torch_geometric Data" \
+            if "Weights only load failed" in str(exc) else f"{type(exc).__name__}"
+        raise _fail(path, f"not a loadable torch file ({reason}); save a torch_geometric Data with x, edge_index, y") \
+            from None
     if not isinstance(obj, Data):
         raise _fail(path, f"holds a {type(obj).__name__}, expected a torch_geometric Data")
     for key in ("x", "edge_index", "y"):

@@ -140,3 +140,33 @@ def test_malformed_graph_file_is_one_line(icml, tmp_path):
     assert result.code == 1
     lines = [line for line in result.err.splitlines() if line.strip().startswith("icml: error")]
     assert len(lines) == 1 and "must be 0/1 anomaly labels" in lines[0] and "Traceback" not in result.err
+    listed = icml("runs", "--json").json()["runs"]  # the run directory left behind says what it is
+    assert [(r["status"], r["phases"]) for r in listed] == [("failed", {"train": "failed"})]
+
+
+def test_a_client_split_without_anomalies_keeps_the_last_epoch_with_nan_metrics(icml, tmp_path):
+    """Two anomalies, K = 2: some client's validation split has none, so its AUROC is undefined in
+    every epoch and round. Before: KeyError 'mvfgad' (stage 2) and DOMINANT's initial weights."""
+    from icml.data.graphs import InjectionParams, synthetic_graph
+
+    data, _ = synthetic_graph(160, 4, 9.0, 1.0, 8, 0.5, 0.5, InjectionParams(seed=0, fraction=0.03))
+    y = np.zeros(data.num_nodes, dtype=np.int64)
+    y[[3, 100]] = 1
+    graph = tmp_path / "two_anomalies.npz"
+    np.savez(graph, x=data.x.numpy(), y=y, edge_index=data.edge_index.numpy())
+    result = icml("fgad", "train", "--preset", "smoke", "--data", graph, "--set", "K=2", "--set", "rounds=2",
+                  "--set", "variants=mvfgad,local_only,fedavg_dominant", "--set", "epochs=3", "--json")
+    assert result.code == 0, result.err
+    run = Path(result.json()["run_dir"])
+    import torch
+
+    for job, variant in (("mvfgad", "mvfgad"), ("local_only", "local_only"), ("dominant", "fedavg_dominant")):
+        saved = torch.load(run / "checkpoints" / "jobs" / f"{job}_louvain_K2_s123.pt", weights_only=False)
+        val = saved.val_auroc[variant]  # per client: client 1 has no anomaly at all
+        assert np.isnan(val[1]) and not np.isnan(val[0]), (variant, val)
+        assert not np.isnan(saved.scores[variant]).any()
+    assert icml("fgad", "eval", run).code == 0
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    scored = frame[(frame["metric"] == "auroc") & (frame["group"] == "all") & (frame["agg"] == "pooled")]
+    assert set(scored["variant"]) >= {"mvfgad", "local_only", "fedavg_dominant"}
+    assert scored["value"].notna().all()  # the kept last epoch/round scores every node

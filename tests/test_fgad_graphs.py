@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from itertools import combinations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -135,10 +137,23 @@ def test_random_and_metis_partitions():
     client = random_partition(103, 10, seed=0)
     sizes = np.bincount(client)
     assert len(sizes) == 10 and sizes.max() - sizes.min() <= 1
+
+
+
+def test_metis_partition_when_pymetis_is_present(sbm):
+    """Without pymetis the ablation is skipped (None); with it, METIS's K parts cover every node
+    and cut far fewer edges than a random partition of the same sizes."""
     try:
         import pymetis  # noqa: F401
     except ImportError:
         assert metis_partition(np.zeros((2, 0), dtype=np.int64), 10, 2) is None
+        pytest.skip("pymetis is not installed: only the skip path is checked")
+    x, edges, _ = sbm
+    n = len(x)
+    client = metis_partition(edges, n, 5)
+    assert client.shape == (n,) and set(np.unique(client)) == set(range(5))
+    cut = lambda c: float((c[edges[0]] != c[edges[1]]).mean())  # noqa: E731
+    assert cut(client) < 0.5 * cut(random_partition(n, 5, seed=0))
 
 
 # loaders -------------------------------------------------------------------------------------------------
@@ -188,14 +203,38 @@ def test_mat_loaders(tmp_path):
         load_graph(tmp_path / "f.mat")
 
 
+class RunsCode:
+    """Unpickling this touches a file: what a malicious .pt could do instead."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
 def test_pt_npz_loaders(tmp_path):
     from torch_geometric.data import Data
 
     torch.save(Data(x=torch.as_tensor(X), edge_index=torch.as_tensor(EDGES.T), y=torch.as_tensor(Y)), tmp_path / "g.pt")
     _check(load_graph(tmp_path / "g.pt"))
-    torch.save({"x": X}, tmp_path / "h.pt")
-    with pytest.raises(GraphFormatError, match="holds a dict, expected a torch_geometric Data"):
+    torch.save({"x": X}, tmp_path / "h.pt")  # a numpy array inside: refused by weights_only
+    with pytest.raises(GraphFormatError, match="objects other than tensors and a torch_geometric Data"):
         load_graph(tmp_path / "h.pt")
+    torch.save({"x": torch.as_tensor(X)}, tmp_path / "h2.pt")
+    with pytest.raises(GraphFormatError, match="holds a dict, expected a torch_geometric Data"):
+        load_graph(tmp_path / "h2.pt")
+    # A pickle that would run code when loaded without weights_only is refused, and runs nothing.
+    marker = tmp_path / "ran"
+    torch.save({"payload": RunsCode(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(GraphFormatError, match="not a loadable torch file"):
+        load_graph(tmp_path / "evil.pt")
+    assert not marker.exists()
+    np.savez(tmp_path / "float.npz", x=X, y=Y, edge_index=EDGES.T.astype(np.float64))
+    _check(load_graph(tmp_path / "float.npz"))  # integral floats are node ids
+    np.savez(tmp_path / "fraction.npz", x=X, y=Y, edge_index=EDGES.T + 0.5)
+    with pytest.raises(GraphFormatError, match="must hold integer node ids, found 0.5"):
+        load_graph(tmp_path / "fraction.npz")
     np.savez(tmp_path / "i.npz", x=X, y=Y, edge_index=EDGES.T)
     _check(load_graph(tmp_path / "i.npz"))
     adj = _adjacency().tocsr()

@@ -125,6 +125,8 @@ def fedavg(model: torch.nn.Module, clients: list[Client], a_hats: list[torch.Ten
         if mean_val > best_val:  # model selection on validation AUROC only
             best_val = mean_val
             best.state, best.round, best.scores, best.val_auroc = copy.deepcopy(global_state), r, scores, val
+    if best.round < 0:  # no client has a validation anomaly: AUROC undefined in every round
+        best.state, best.round, best.scores, best.val_auroc = global_state, rounds - 1, scores, val
     model.load_state_dict(best.state)
     return best
 
@@ -148,10 +150,19 @@ def topology(client: Client, z_global: torch.Tensor | None, tau: float, alpha: f
     return u, a_hat, propagated_features(client.x, a_hat)
 
 
+def stage2_seed(seed: int, client_index: int) -> int:
+    """The torch seed of a client's stage 2, from (job seed, client) alone: the full method and
+    local_only start their views from the same draws whatever stage 1 consumed (a paired comparison)."""
+    return int(np.random.SeedSequence([seed, client_index]).generate_state(1)[0])
+
+
 def train_views(client: Client, z_global: torch.Tensor | None, cfg, rules: dict[str, tuple[list[int], bool]],
-                fused_rule: str) -> LocalResult:
-    """Train the private views; every rule (view subset, euclidean?) keeps its best validation epoch."""
+                fused_rule: str, seed: int = 0) -> LocalResult:
+    """Train the private views; every rule (view subset, euclidean?) keeps its best validation epoch.
+    A client whose validation split has no anomaly (AUROC undefined) keeps the last epoch, with a
+    NaN validation AUROC."""
     u, _, s = topology(client, z_global, cfg.tau, cfg.alpha)
+    torch.manual_seed(seed)
     model = Views(client.x.shape[1], cfg.hidden, cfg.out_dim, cfg.dropout, cfg.beta, cfg.signed_norm)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     train = torch.as_tensor(client.split == 0)
@@ -174,7 +185,8 @@ def train_views(client: Client, z_global: torch.Tensor | None, cfg, rules: dict[
                     per_view[True] = view_scores(views, euclidean=True)
                 score = torch.stack([per_view[euclid][i] for i in which]).mean(0).numpy()
                 v = auroc(score[val], client.y[val])
-                if v > result.val_auroc[rule]:
+                undefined = np.isnan(v) and epoch == cfg.epochs - 1
+                if v > result.val_auroc[rule] or (undefined and rule not in result.scores):
                     result.val_auroc[rule], result.epoch[rule], result.scores[rule] = v, epoch, score
                     if rule == fused_rule:
                         result.state = copy.deepcopy(model.state_dict())
@@ -241,7 +253,8 @@ def run_mvfgad(job: JobResult, clients: list[Client], cfg, variant: str, local_o
     if variant == "mvfgad":
         rules.update({name: (which, False) for name, which in VIEW_RULES.items()})
         rules["euclidean"] = ([0, 1, 2], True)
-    locals_ = [train_views(c, z, cfg, rules, variant) for c, z in zip(clients, z_global)]
+    locals_ = [train_views(c, z, cfg, rules, variant, stage2_seed(job.seed, k))
+               for k, (c, z) in enumerate(zip(clients, z_global))]
     wall = time.perf_counter() - start
     for rule in rules:
         job.scores[rule] = _scatter(n, clients, [r.scores[rule] for r in locals_])

@@ -105,7 +105,7 @@ def validate(cfg: FgadConfig) -> None:
             raise ValueError(f"{key} must be in [0, 1], not {getattr(cfg, key)}")
     if not 0 < cfg.anomaly_fraction < 0.25:
         raise ValueError(f"anomaly_fraction must be in (0, 0.25), not {cfg.anomaly_fraction}")
-    if not -1 <= cfg.tau <= 1:
-        raise ValueError(f"tau is a cosine threshold in [-1, 1], not {cfg.tau}")
+    if cfg.tau < -1:  # τ ≥ 1 leaves U empty: the documented way to switch the similarity graph off
+        raise ValueError(f"tau is a cosine threshold (>= -1; above 1 switches U off), not {cfg.tau}")
     if cfg.data == "sbm" and cfg.n_nodes < 8 * cfg.blocks:
         raise ValueError(f"n_nodes ({cfg.n_nodes}) is too small for {cfg.blocks} blocks")

@@ -208,6 +208,10 @@ def train(ctx: RunContext) -> None:
         ctx.record(_loss_rows(spec, job, {**tags, "inject_id": graphs[spec.seed][2]}), split="train")
         for c, s in job.missing:
             ctx.log(f"warning: {spec.key}: client {c} has no anomaly in split {s} (too few anomalies to move)")
+        undefined = [c for c, v in enumerate(job.val_auroc[spec.variant]) if np.isnan(v)]
+        if undefined:
+            ctx.log(f"warning: {spec.key}: validation AUROC undefined for client(s) {undefined}; their last "
+                    "epoch/round is kept and their metrics are NaN")
         ctx.log(f"  {spec.key}: {len(job.moves)} anomaly move(s), cut edges {job.cut_edge_frac:.3f}, "
                 f"val AUROC {np.nanmean(job.val_auroc[spec.variant]):.3f}")
 
