@@ -8,7 +8,8 @@ Loaders (one recording per file unless said otherwise):
 - `read_bin`     N-MNIST / N-Caltech101: 5-byte records; y == 240 marks a timestamp overflow.
 - `read_aedat2`  jAER AEDAT 2.0 (DVS128 addresses; `profile="cifar10dvs"` for CIFAR10-DVS).
 - `read_aedat31` AEDAT 3.1 (DVS128 Gesture) polarity packets; `read_gesture_labels` its *_labels.csv.
-- `read_npy`     a structured (x, y, t, p) array or an N×4 array with named columns.
+- `read_npy`     a structured (x, y, t, p) array or an N×4 array with named (or detected) columns.
+- `read_npz`     an archive of t, x, y, p arrays.
 - `read_h5`      events/{xs,ys,ts,ps}; `read_h5_windows` the preprocessed data/label/mark layout.
 - `read_aedat4`  only if the optional `aedat` package is installed.
 
@@ -26,12 +27,47 @@ from pathlib import Path
 import numpy as np
 
 EVENT_DTYPE = np.dtype([("x", "<i4"), ("y", "<i4"), ("t", "<i8"), ("p", "<i1")])
-FORMATS = ("auto", "bin", "aedat2", "aedat31", "aedat4", "npy", "h5")
-EXTENSIONS = {".bin": "bin", ".aedat": "aedat", ".aedat4": "aedat4", ".npy": "npy", ".h5": "h5", ".hdf5": "h5"}
+FORMATS = ("auto", "bin", "aedat2", "aedat31", "aedat4", "npy", "npz", "h5")
+EXTENSIONS = {".bin": "bin", ".aedat": "aedat", ".aedat4": "aedat4", ".npy": "npy", ".npz": "npz", ".h5": "h5",
+              ".hdf5": "h5"}
+OFFICIAL_COLUMNS = "t,x,y,p"  # the official preprocessed data/label/mark windows
 
 
 class EventFileError(ValueError):
     """A file that cannot be decoded as the event format it claims to be (one line)."""
+
+
+PLAUSIBLE_FRACTION = 0.01  # share of events a plausibility check lets through (resets, glitches)
+
+
+def check_time_order(t: np.ndarray, path: Path) -> None:
+    """A recording's timestamps rise (bar a clock reset or a rare glitch): refuse a file whose
+    timestamps decrease at more than 1 % of its events, e.g. a random or mis-parsed body."""
+    falling = float((np.diff(np.asarray(t, np.int64)) < 0).mean()) if len(t) > 1 else 0.0
+    if falling > PLAUSIBLE_FRACTION:
+        raise EventFileError(f"{path}: timestamps decrease at {falling:.0%} of the events; a recording's clock "
+                             "rises, so this is not event data in the expected layout")
+
+
+def check_events(events: np.ndarray, path: Path, sensor: tuple[int, int] | None) -> np.ndarray:
+    """Coordinates inside the sensor (when its size is known) and polarity in {0, 1}."""
+    if sensor is not None and len(events) and (events["x"].max() >= sensor[0] or events["y"].max() >= sensor[1]):
+        raise EventFileError(f"{path}: events reach x = {int(events['x'].max())}, y = {int(events['y'].max())}, "
+                             f"outside the {sensor[0]}×{sensor[1]} sensor (set --set sensor_size=W,H)")
+    return events
+
+
+def detect_columns(rows: np.ndarray, fallback: str = OFFICIAL_COLUMNS) -> str:
+    """The column order of an N×4 event array, or of (M, N, 4) windows: t is the one column that
+    never decreases (within every window) and is not constant; the other three are x, y, p in file
+    order. `fallback` where no single column qualifies."""
+    rows = np.asarray(rows, np.float64)
+    rows = rows.reshape(1, *rows.shape) if rows.ndim == 2 else rows
+    rising = [i for i in range(4) if (np.diff(rows[..., i], axis=1) >= 0).all() and np.ptp(rows[..., i]) > 0]
+    if len(rising) != 1:
+        return fallback
+    others = iter(("x", "y", "p"))
+    return ",".join("t" if i == rising[0] else next(others) for i in range(4))
 
 
 def make_events(x, y, t, p) -> np.ndarray:
@@ -112,6 +148,13 @@ def read_aedat2(path: Path, profile: str = "dvs128") -> np.ndarray:
         warnings.warn(f"{path}: {body - whole} trailing bytes of a partial event ignored", stacklevel=2)
     pairs = np.frombuffer(data[pos:pos + whole], ">u4").reshape(-1, 2).astype(np.int64)
     a, t = pairs[:, 0], pairs[:, 1]
+    # The masks below accept any 32 bits, so a body that is not DVS128 events would decode to
+    # "valid" coordinates: a recording leaves the address bits above 15 clear and its clock rising.
+    stray = float(((a >> 16) != 0).mean())
+    if stray > PLAUSIBLE_FRACTION:
+        raise EventFileError(f"{path}: {stray:.0%} of the AEDAT 2.0 addresses set bits above 15, which DVS128 "
+                             "events never do: not a DVS128/CIFAR10-DVS recording (wrong format or profile?)")
+    check_time_order(t, path)
     p, x, y = a & 1, (a >> 1) & 0x7F, (a >> 8) & 0x7F
     if profile == "cifar10dvs":
         x, y, p = y, 127 - x, 1 - p
@@ -166,7 +209,27 @@ def read_gesture_labels(path: Path) -> list[tuple[int, int, int]]:
 
 
 # numpy / HDF5 -------------------------------------------------------------------------------------
-def read_npy(path: Path, columns: str = "x,y,t,p") -> np.ndarray:
+def read_npz(path: Path) -> np.ndarray:
+    """An archive of equal-length arrays t, x, y, p (np.savez)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            content = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError) as exc:
+        raise EventFileError(f"{path}: not a readable .npz archive ({exc})") from None
+    missing = {"t", "x", "y", "p"} - set(content)
+    if missing:
+        raise EventFileError(f"{path}: the archive lacks array(s) {sorted(missing)} (needs t, x, y, p)")
+    lengths = {key: content[key].size for key in "txyp"}
+    if len(set(lengths.values())) != 1:
+        raise EventFileError(f"{path}: arrays t, x, y, p differ in length {lengths}")
+    p = content["p"].ravel()
+    if not np.isin(p, (0, 1, -1)).all():
+        raise EventFileError(f"{path}: polarity p must be 0/1 (or ±1), found {np.unique(p)[:5].tolist()}")
+    check_time_order(content["t"].ravel(), path)
+    return make_events(content["x"].ravel(), content["y"].ravel(), content["t"].ravel(), p > 0)
+
+
+def read_npy(path: Path, columns: str = "auto") -> np.ndarray:
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -176,6 +239,8 @@ def read_npy(path: Path, columns: str = "x,y,t,p") -> np.ndarray:
         if missing:
             raise EventFileError(f"{path}: structured array lacks field(s) {sorted(missing)}")
         return make_events(array["x"], array["y"], array["t"], array["p"])
+    if columns == "auto" and array.ndim == 2 and array.shape[1] == 4:
+        columns = detect_columns(array, fallback="x,y,t,p")
     names = [c.strip() for c in columns.split(",")]
     if array.ndim != 2 or array.shape[1] != len(names) or sorted(names) != ["p", "t", "x", "y"]:
         raise EventFileError(f"{path}: expected a structured array or N×4 with columns '{columns}', "
@@ -244,7 +309,7 @@ def detect_format(path: Path) -> str:
     return kind
 
 
-def read_events(path: Path, fmt: str = "auto", *, sensor=None, profile="dvs128", columns="x,y,t,p"):
+def read_events(path: Path, fmt: str = "auto", *, sensor=None, profile="dvs128", columns="auto"):
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt == "bin":
         return read_bin(path, sensor)
@@ -256,6 +321,8 @@ def read_events(path: Path, fmt: str = "auto", *, sensor=None, profile="dvs128",
         return read_aedat4(path)
     if fmt == "npy":
         return read_npy(path, columns)
+    if fmt == "npz":
+        return read_npz(path)
     if fmt == "h5":
         return read_h5(path)
     raise EventFileError(f"{path}: unknown format '{fmt}' ({', '.join(FORMATS)})")
@@ -285,7 +352,7 @@ def _event_files(folder: Path) -> list[Path]:
 
 
 def load_labelled(path: Path, fmt: str = "auto", *, sensor: tuple[int, int] | None = None,
-                  profile: str = "dvs128", columns: str = "x,y,t,p", max_per_class: int | None = None
+                  profile: str = "dvs128", columns: str = "auto", max_per_class: int | None = None
                   ) -> EventDataset:
     """A labelled dataset from files.
 
@@ -326,12 +393,12 @@ def load_labelled(path: Path, fmt: str = "auto", *, sensor: tuple[int, int] | No
             for f in files[:max_per_class] if max_per_class else files:
                 kind = detect_format(f) if fmt == "auto" else fmt
                 ev = read_events(f, kind, sensor=sensor, profile=profile, columns=columns)
-                events.append(ev)
+                events.append(check_events(ev, f, sensor or KNOWN_SENSORS.get(kind)))
                 labels.append(ci)
                 split.append(name)
                 sensor = sensor or KNOWN_SENSORS.get(kind)
     if not events:
-        raise EventFileError(f"{path}: class subfolders hold no event files (.bin .aedat .npy .h5)")
+        raise EventFileError(f"{path}: class subfolders hold no event files (.bin .aedat .npy .npz .h5)")
     if sensor is None:
         sensor = (int(max(e["x"].max() for e in events)) + 1, int(max(e["y"].max() for e in events)) + 1)
     return EventDataset(path.name, tuple(sensor), classes, np.array(labels),

@@ -145,6 +145,58 @@ def test_npy_structured_and_columns(tmp_path):
         read_npy(tmp_path / "bad.npy")
 
 
+def test_official_h5_windows_are_read_as_t_x_y_p(tmp_path):
+    """The official data/label/mark files store (t, x, y, p): with the default `columns=auto` the
+    model's t is the file's rising column (before: the file's y)."""
+    from icml.data.events import detect_columns
+    from icml.methods.event_classify.config import preset
+    from icml.methods.event_classify.data import make_clouds
+
+    rng = np.random.default_rng(0)
+    windows = np.stack([np.column_stack([np.sort(rng.random(32)), rng.random(32), rng.random(32),
+                                         rng.integers(0, 2, 32)]) for _ in range(6)])
+    with h5py.File(tmp_path / "official.h5", "w") as f:
+        f["data"], f["label"], f["mark"] = windows, [0, 0, 1, 1, 0, 1], [0, 0, 1, 1, 2, 3]
+    dataset = load_labelled(tmp_path / "official.h5")
+    cfg = preset("smoke")
+    assert cfg.columns == "auto"
+    clouds = make_clouds(dataset, np.arange(4), cfg, 32, 0, augment=False)
+    np.testing.assert_array_equal(clouds.x, windows.astype(np.float32))  # (t, x, y, p) as stored
+    assert detect_columns(windows[..., [1, 2, 0, 3]]) == "x,y,t,p"  # t found wherever it is
+    assert detect_columns(rng.random((6, 32, 4))) == "t,x,y,p"  # nothing rises: the official order
+    cfg.columns = "x,y,t,p"  # an explicit order is obeyed
+    assert np.array_equal(make_clouds(dataset, np.arange(4), cfg, 32, 0, augment=False).x[..., 0],
+                          windows[..., 2].astype(np.float32))
+
+
+def test_aedat2_with_a_random_body_is_refused(tmp_path):
+    rng = np.random.default_rng(0)
+    header = b"#!AER-DAT2.0\r\n# This is a raw AE data file\r\n"
+    (tmp_path / "random.aedat").write_bytes(header + rng.integers(0, 256, 8 * 5000, dtype=np.uint8).tobytes())
+    with pytest.raises(EventFileError, match="bits above 15"):
+        read_aedat2(tmp_path / "random.aedat")
+    addresses = rng.integers(0, 1 << 15, 5000)  # plausible addresses, but a shuffled clock
+    shuffled = np.column_stack([addresses, rng.permutation(5000) * 10]).astype(">u4").tobytes()
+    (tmp_path / "clock.aedat").write_bytes(header + shuffled)
+    with pytest.raises(EventFileError, match=r"timestamps decrease at 5\d%"):
+        read_aedat2(tmp_path / "clock.aedat")
+
+
+def test_npz_event_files(tmp_path):
+    np.savez(tmp_path / "e.npz", t=[30, 10, 20], x=[1, 2, 3], y=[4, 5, 6], p=[1, 0, 1])
+    with pytest.raises(EventFileError, match="timestamps decrease"):  # 1 of 2 steps falls
+        read_events(tmp_path / "e.npz")
+    np.savez(tmp_path / "f.npz", t=[10, 20, 30], x=[1, 2, 3], y=[4, 5, 6], p=[-1, 1, 1])
+    ev = read_events(tmp_path / "f.npz")
+    assert ev["t"].tolist() == [10, 20, 30] and ev["x"].tolist() == [1, 2, 3] and ev["p"].tolist() == [0, 1, 1]
+    np.savez(tmp_path / "g.npz", t=[10, 20], x=[1, 2], y=[4, 5])
+    with pytest.raises(EventFileError, match=r"lacks array\(s\) \['p'\]"):
+        read_events(tmp_path / "g.npz")
+    np.savez(tmp_path / "h.npz", t=[10, 20], x=[1, 2], y=[4, 5], p=[0, 7])
+    with pytest.raises(EventFileError, match="polarity p must be 0/1"):
+        read_events(tmp_path / "h.npz")
+
+
 def test_h5_layouts(tmp_path):
     with h5py.File(tmp_path / "e.h5", "w") as f:
         f["events/xs"], f["events/ys"] = [1, 2], [3, 4]
@@ -259,9 +311,49 @@ def test_augmentations_and_windows(events):
     for seed in range(6):
         crop = random_crop(events, (34, 34), np.random.default_rng(seed))
         assert 16 <= len(crop) <= len(events) and (np.diff(crop["t"]) >= 0).all()
-    wins = windows_of(events, 3)
-    duration = events["t"][-1] - events["t"][0]
-    assert len(wins) == 3 and all(w["t"][-1] - w["t"][0] <= duration / 2 + 1 for w in wins)
+
+
+def test_random_crop_is_one_crop_and_the_spatial_one_translates():
+    """Every pixel fires at t = 0 and at t = T, plus 4000 events at distinct times in between, so
+    the output tells which crop ran: a spatial crop keeps the full duration and shifts a rectangle
+    of pixels by one (dx, dy) inside the sensor; a temporal crop keeps every event of an interval
+    of time, in place. Never both (the official code applies exactly one)."""
+    from icml.data.events import make_events
+
+    W = H = 32
+    T = 1_000_000
+    rng = np.random.default_rng(0)
+    xs, ys = np.meshgrid(np.arange(W), np.arange(H), indexing="ij")
+    middle_t = rng.choice(np.arange(1, T), 4000, replace=False)
+    middle_x, middle_y = rng.integers(0, W, 4000), rng.integers(0, H, 4000)
+    events = make_events(np.concatenate([np.tile(xs.ravel(), 2), middle_x]),
+                         np.concatenate([np.tile(ys.ravel(), 2), middle_y]),
+                         np.concatenate([np.repeat([0, T], W * H), middle_t]), rng.integers(0, 2, 2 * W * H + 4000))
+    source_x, source_y = np.full(T + 1, -1), np.full(T + 1, -1)  # where each middle event came from, by time
+    source_x[middle_t], source_y[middle_t] = middle_x, middle_y
+    kinds, shifts = [], set()
+    for seed in range(60):
+        crop = random_crop(events, (W, H), np.random.default_rng(seed))
+        assert crop["x"].min() >= 0 and crop["x"].max() < W and crop["y"].min() >= 0 and crop["y"].max() < H
+        inner = crop[(crop["t"] > 0) & (crop["t"] < T)]
+        from_x, from_y = source_x[inner["t"]], source_y[inner["t"]]
+        if crop["t"].min() == 0 and crop["t"].max() == T:  # spatial
+            dx, dy = set(inner["x"] - from_x), set(inner["y"] - from_y)
+            assert len(dx) == 1 and len(dy) == 1  # one translation for the whole crop
+            shifts.add((dx.pop(), dy.pop()))
+            box = (middle_x >= from_x.min()) & (middle_x <= from_x.max()) & \
+                (middle_y >= from_y.min()) & (middle_y <= from_y.max())
+            assert box.sum() == len(inner)  # every source event inside the rectangle, nothing else
+            assert 0.7 * W - 1 <= from_x.max() - from_x.min() + 1 < W  # 0.7 … (W−1)/W of a side
+            kinds.append("spatial")
+        else:  # temporal: in place, every event of one interval
+            assert np.array_equal(inner["x"], from_x) and np.array_equal(inner["y"], from_y)
+            lo, hi = crop["t"].min(), crop["t"].max()
+            assert len(crop) == int(((events["t"] >= lo) & (events["t"] <= hi)).sum())
+            assert 0.6 * T - 2 <= hi - lo < T
+            kinds.append("temporal")
+    assert 15 < kinds.count("spatial") < 45  # each with probability ½
+    assert len(shifts) > 10 and any(shift != (0, 0) for shift in shifts)  # the crop is translated
 
 
 def test_validation_split_partitions_the_training_samples():

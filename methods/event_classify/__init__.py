@@ -19,7 +19,7 @@ METHOD = Method(
           "true_class": "string", "pred_class": "string"},
     metrics={"window_acc": HIGHER, "sample_acc": HIGHER, "params": LOWER, "macs_total": LOWER,
              "macs_embed": LOWER, "macs_spatial_fa": LOWER, "macs_temporal_fa": LOWER, "macs_pool": LOWER,
-             "macs_residual": LOWER, "macs_head": LOWER, "grouping_ops": LOWER, "params_temporal_fa": None,
+             "macs_residual": LOWER, "macs_head": LOWER, "macs_temporal_scores": LOWER, "grouping_ops": LOWER, "params_temporal_fa": None,
              "latency_ms_b1": LOWER, "latency_ms_part": LOWER, "throughput_sps": HIGHER,
              "events_per_sample": None, "loss": LOWER, "train_acc": HIGHER, "val_window_acc": HIGHER,
              "learned_w": None, "confusion": None},

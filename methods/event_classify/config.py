@@ -73,7 +73,8 @@ class EventClassifyConfig:
     format: str = "auto"  # file format for --data: auto | bin | aedat2 | aedat31 | aedat4 | npy | h5
     sensor_size: list[int] = field(default_factory=list)  # W,H for files; empty: by format or from the data
     aedat2_profile: str = "dvs128"  # dvs128 | cifar10dvs
-    columns: str = "x,y,t,p"  # column order of N×4 .npy files and of data/label/mark .h5 windows
+    columns: str = "auto"  # column order of N×4 .npy files and data/label/mark .h5 windows; auto: the
+    # non-decreasing column is t, the others x, y, p in file order (else the official t,x,y,p)
     max_per_class: int | None = None  # cap of files per class when loading a folder
     samples: int | None = None  # simulated samples per dataset; none: all 1,797 digits, 800 otherwise
     windows: int = 1  # per sample; >1: windows of 2/(windows+1) of the duration, half-overlapping
@@ -164,8 +165,8 @@ def validate(cfg: EventClassifyConfig) -> None:
         raise ValueError(f"aedat2_profile must be dvs128 or cifar10dvs, not '{cfg.aedat2_profile}'")
     if cfg.sensor_size and (len(cfg.sensor_size) != 2 or min(cfg.sensor_size) < 1):
         raise ValueError(f"sensor_size must be W,H (two positive integers), not {cfg.sensor_size}")
-    if sorted(c.strip() for c in cfg.columns.split(",")) != ["p", "t", "x", "y"]:
-        raise ValueError(f"columns must name x, y, t, p once each (e.g. x,y,t,p), not '{cfg.columns}'")
+    if cfg.columns != "auto" and sorted(c.strip() for c in cfg.columns.split(",")) != ["p", "t", "x", "y"]:
+        raise ValueError(f"columns must be auto or name x, y, t, p once each (e.g. t,x,y,p), not '{cfg.columns}'")
     if cfg.polarity not in ("01", "pm1"):
         raise ValueError(f"polarity must be 01 or pm1, not '{cfg.polarity}'")
     _check_arch(cfg.arch, "arch")

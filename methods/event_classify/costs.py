@@ -24,8 +24,11 @@ def fft_macs(length: int, columns: int) -> int:
 def secnet_costs(n_points: int, groups: list[int] | tuple[int, ...], k: int, d0: int, n_classes: int,
                  spatial: str = "fft", pool: str = "attn", temporal: str = "fft", knn_space: str = "feature"
                  ) -> dict[str, int]:
-    """MACs per part for one sample, `grouping_ops` and `params_temporal_fa`."""
+    """MACs per part for one sample, `grouping_ops`, `params_temporal_fa` and, inside
+    `macs_temporal_fa`, its S² part `macs_temporal_scores` (QKᵀ and AV of the attention baseline,
+    0 for the filter): the term whose N² growth the paper contrasts with the filter's N log N."""
     cost = dict.fromkeys(PARTS, 0)
+    scores = 0
     cost["embed"] = 4 * d0 * n_points
     grouping = params_tfa = 0
     n_in, d = n_points, d0
@@ -44,6 +47,7 @@ def secnet_costs(n_points: int, groups: list[int] | tuple[int, ...], k: int, d0:
             params_tfa += 2 * (s // 2 + 1) * dp
         elif temporal == "attn":
             cost["temporal_fa"] += 4 * dp * dp * s + 2 * s * s * dp  # q, k, v, out projections; QKᵀ and AV
+            scores += 2 * s * s * dp
         else:
             cost["temporal_fa"] += dp * dp * s
         cost["residual"] += 2 * dp * (dp // 2) * s
@@ -51,6 +55,7 @@ def secnet_costs(n_points: int, groups: list[int] | tuple[int, ...], k: int, d0:
     cost["head"] = 2 * d * 256 + 256 * n_classes
     out = {f"macs_{part}": value for part, value in cost.items()}
     out["macs_total"] = sum(cost.values())
+    out["macs_temporal_scores"] = scores  # part of macs_temporal_fa, not added to the total again
     out["grouping_ops"] = grouping
     out["params_temporal_fa"] = params_tfa
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from icml.data.events import EventDataset, load_labelled, simulate_dataset
+from icml.data.events import EventDataset, detect_columns, load_labelled, simulate_dataset
 
 
 @dataclass
@@ -63,21 +63,29 @@ def event_cloud(events: np.ndarray, n: int, size, polarity: str, seed) -> np.nda
 
 # offline augmentation -----------------------------------------------------------------------------
 def random_crop(events: np.ndarray, sensor: tuple[int, int], rng: np.random.Generator) -> np.ndarray:
-    """With probability ½ a spatial crop keeping 0.7–(W−1)/W of each side at a random offset inside the
-    sensor; with probability ½ a temporal crop keeping 0.6–1.0 of the duration."""
-    out = events
+    """Exactly one of two crops, each with probability ½, as the official code does:
+    - spatial: a window of 0.7–(W−1)/W of each side at a random offset, then translated by a random
+      shift that keeps it inside the sensor (the window is half-open, so the shifted events stay in
+      0…W−1; the official bounds are inclusive and can reach x = W);
+    - temporal: a window of 0.6–(T−1)/T of the duration T at a random start.
+    A crop left with fewer than 16 events returns the sample unchanged."""
     if rng.random() < 0.5:
-        keep = np.ones(len(out), bool)
+        keep, shift = np.ones(len(events), bool), {}
         for axis, size in (("x", sensor[0]), ("y", sensor[1])):
             width = int(rng.uniform(0.7, (size - 1) / size) * size)
-            lo = rng.integers(0, size - width + 1)
-            keep &= (out[axis] >= lo) & (out[axis] < lo + width)
-        out = out[keep]
-    if rng.random() < 0.5 and len(out) > 1:
-        t0, t1 = out["t"][0], out["t"][-1]
-        length = rng.uniform(0.6, 1.0) * (t1 - t0)
-        lo = t0 + rng.uniform(0, (t1 - t0) - length)
-        out = out[(out["t"] >= lo) & (out["t"] <= lo + length)]
+            lo = int(rng.integers(0, size - width))
+            keep &= (events[axis] >= lo) & (events[axis] < lo + width)
+            shift[axis] = int(rng.integers(-lo, size - lo - width + 1))
+        out = events[keep].copy()
+        for axis, offset in shift.items():
+            out[axis] = (out[axis].astype(np.int64) + offset).astype(out.dtype[axis])
+    elif len(events) > 1 and events["t"][-1] > events["t"][0] + 1:
+        t0, t1 = int(events["t"][0]), int(events["t"][-1])
+        length = int(rng.uniform(0.6, (t1 - t0 - 1) / (t1 - t0)) * (t1 - t0))
+        lo = int(rng.integers(t0, t1 - length))
+        out = events[(events["t"] >= lo) & (events["t"] <= lo + length)]
+    else:
+        out = events
     return out if len(out) >= 16 else events
 
 
@@ -124,6 +132,12 @@ def split_validation(train_idx: np.ndarray, val_fraction: float, seed: int) -> t
     return np.sort(train_idx[order[n_val:]]), np.sort(train_idx[order[:n_val]])
 
 
+def window_columns(dataset: EventDataset, cfg) -> str:
+    """The column order of preprocessed windows: `cfg.columns`, or detected (the official files
+    store t, x, y, p; a column that rises within every window is t)."""
+    return detect_columns(dataset.clouds) if cfg.columns == "auto" else cfg.columns
+
+
 def make_clouds(dataset: EventDataset, index: np.ndarray, cfg, arch_n: int, seed: int, augment: bool) -> Clouds:
     """Windows → clouds of the samples in `index`; with `augment`, the offline copies are added."""
     if len(index) == 0:  # e.g. no validation samples (val_fraction = 0)
@@ -131,7 +145,7 @@ def make_clouds(dataset: EventDataset, index: np.ndarray, cfg, arch_n: int, seed
     if dataset.clouds is not None:  # preprocessed windows: `index` selects sample ids (marks)
         ids = np.unique(dataset.marks)[index]
         rows = np.flatnonzero(np.isin(dataset.marks, ids))
-        names = [c.strip() for c in cfg.columns.split(",")]
+        names = [c.strip() for c in window_columns(dataset, cfg).split(",")]
         data = dataset.clouds[rows][..., [names.index(c) for c in ("t", "x", "y", "p")]]
         rng = np.random.default_rng(seed)
         pick = np.stack([np.sort(rng.choice(data.shape[1], arch_n, replace=data.shape[1] < arch_n))

@@ -190,7 +190,8 @@ def profile(ctx: RunContext):
                 "d0": arch.d0, "windows": cfg.windows, "sweep": sweep, "variant": variant}
         out = [{**tags, "metric": m, "value": float(v)} for m, v in costs.items()]
         out += [{**tags, "metric": "latency_ms_part", "part": part, "value": ms} for part, ms in parts_ms.items()]
-        for part in ("embed", "spatial_fa", "pool", "temporal_fa", "residual", "head", "grouping", "total"):
+        for part in ("embed", "spatial_fa", "pool", "temporal_fa", "temporal_scores", "residual", "head", "grouping",
+                     "total"):
             macs = costs.get("macs_total" if part == "total" else "grouping_ops" if part == "grouping"
                              else f"macs_{part}")
             if macs is None:

@@ -10,8 +10,8 @@ from icml.reports.plots import new_axes
 from icml.reports.tables import Table, default_headline, fmt
 
 PARTS = ("embed", "spatial_fa", "pool", "temporal_fa", "residual", "head")
-SCALING_QUANTITIES = ("macs_embed", "macs_spatial_fa", "macs_temporal_fa", "macs_total", "grouping_ops",
-                      "latency_ms_b1")
+SCALING_QUANTITIES = ("macs_embed", "macs_spatial_fa", "macs_temporal_fa", "macs_temporal_scores", "macs_total",
+                      "grouping_ops", "latency_ms_b1")
 
 
 def _eval(frame: pd.DataFrame) -> pd.DataFrame:
@@ -94,14 +94,15 @@ def _scaling_table(frame: pd.DataFrame) -> Table:
     for sweep in ("n_scaling", "fixed_s"):
         rows = _sweep(frame, sweep)
         for (variant, metric), group in rows.groupby(["variant", "metric"]):
-            if metric in SCALING_QUANTITIES:
+            if metric in SCALING_QUANTITIES and (group["value"] > 0).any():  # the filter has no S² term
                 group = group.sort_values("n_points")
                 out.append({"sweep": sweep, "variant": variant, "quantity": metric,
                             "N range": f"{group['n_points'].min()}–{group['n_points'].max()}",
                             "log-log slope vs N": _slope(group["n_points"], group["value"])})
     table = pd.DataFrame(out)
     return Table("Scaling — fitted log-log slopes against N", table, note=(
-        "n_scaling: S₁ = N/8, S₂ = S₁/2, S₃ = S₁/4 (N log N gives a slope slightly above 1, attention ≈ 2); "
+        "n_scaling: S₁ = N/8, S₂ = S₁/2, S₃ = S₁/4 (N log N gives a slope slightly above 1; attention's S² part "
+        "macs_temporal_scores 2, its total with the projections between 1 and 2); "
         "fixed_s: S fixed, N grows (FA constant: slope 0)"))
 
 
@@ -141,7 +142,8 @@ def _macs_vs_n(frame: pd.DataFrame):
         rows = _sweep(frame, sweep)
         for variant, style in (("secnet", "-"), ("secnet_attn", "--")):
             mine = rows[rows["variant"] == variant]
-            metrics = [f"macs_{p}" for p in PARTS] + ["grouping_ops"] if variant == "secnet" else ["macs_temporal_fa"]
+            metrics = [f"macs_{p}" for p in PARTS] + ["grouping_ops"] if variant == "secnet" else \
+                ["macs_temporal_fa", "macs_temporal_scores"]  # the attention total and its S² part
             for metric in metrics:
                 curve = mine[mine["metric"] == metric].sort_values("n_points")
                 if curve.empty or (curve["value"] <= 0).all():
