@@ -124,16 +124,18 @@ def seed_everything(seed: int) -> None:
 
 
 def input_overrides(method: Method, inputs: dict[str, Path]) -> list[str]:
-    """--data FILE / --model DIR become `data=` / `model=` config keys of methods that have them."""
+    """--data FILE / --model DIR become the `data=` / `model=` config keys of methods that have them
+    (or `data.path=` / `model.path=` where the key is a section of its own)."""
     keys = config_io.valid_keys(method.config)
     assignments = []
     for key, path in inputs.items():
-        if key not in keys:
+        target = key if key in keys else f"{key}.path" if f"{key}.path" in keys else None
+        if target is None:
             raise UsageError(f"{method.name} takes no --{key}",
                              f"see 'icml {method.name} train --help' and its README for its inputs")
         if not path.exists():
             raise UsageError(f"--{key} '{path}' does not exist", "check the path")
-        assignments.append(f"{key}={path.resolve()}")
+        assignments.append(f"{target}={path.resolve()}")
     return assignments
 
 

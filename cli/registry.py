@@ -15,7 +15,9 @@ METHODS: dict[str, str] = {
     "belief-filter": "icml.methods.belief_filter",
     "event-classify": "icml.methods.event_classify",
     "fgad": "icml.methods.fgad",
+    "flow-bounds": "icml.methods.flow_bounds",
     "kv-compress": "icml.methods.kv_compress",
+    "single-index": "icml.methods.single_index",
     "soup": "icml.methods.soup",
     "spectral-optim": "icml.methods.spectral_optim",
 }
