@@ -45,6 +45,15 @@ def qwen3():
                                                   intermediate_size=64, max_position_embeddings=256)))
 
 
+def qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return sharpened(Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2,
+                                                  intermediate_size=64, max_position_embeddings=256)))
+
+
 def prompt(seed=1, batch=1):
     return torch.randint(3, 50, (batch, N), generator=torch.Generator().manual_seed(seed))
 
@@ -55,7 +64,7 @@ def reference_selection(model, ids, variant, ratio=RATIO):
     return state, compress(state, analyse(state, cfg), variant_spec(variant, cfg), ratio, cfg, H_BAR)
 
 
-@pytest.mark.parametrize("build", [llama, qwen3])
+@pytest.mark.parametrize("build", [llama, qwen2, qwen3])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_kept_positions_logits_and_memory_equal_the_reference_path(build, variant):
     model = build()
