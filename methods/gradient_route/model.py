@@ -1,0 +1,177 @@
+"""The modular GPT-2 of GRAM: every block's MLP is h ↦ E₁(h) + Σᵢ mᵢ·Eᵢ(h).
+
+E₁ is the block's own transformers `GPT2MLP` (the core); each Eᵢ is a small `GPT2MLP` (GELU-tanh,
+biases) for one auxiliary domain. There is no router: which modules run, and with which output
+weight mᵢ, is the `route` the trainer sets per micro-batch. Serving deletes modules (weights and
+biases go with them); titration scales a module's whole output, bias included.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager
+from typing import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+CORE = "core"
+
+
+class RoutedMLP(nn.Module):
+    """core(h) + Σ_{i in route} wᵢ·auxᵢ(h); route None runs every module present at weight 1."""
+
+    def __init__(self, core: nn.Module, aux: nn.ModuleDict):
+        super().__init__()
+        self.core = core
+        self.aux = aux
+        self.route: dict[str, float] | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = self.core(hidden)
+        route = self.route if self.route is not None else {name: 1.0 for name in self.aux}
+        for name, weight in route.items():
+            module_out = self.aux[name](hidden)  # a deleted module is a KeyError, never a silent zero
+            out = out + (module_out if weight == 1.0 else weight * module_out)
+        return out
+
+
+def gpt2_config(cfg, vocab_size: int, width: int) -> GPT2Config:
+    return GPT2Config(vocab_size=vocab_size, n_positions=cfg.gpt.context, n_embd=cfg.gpt.n_embd,
+                      n_layer=cfg.gpt.n_layer, n_head=cfg.gpt.n_head, n_inner=width, resid_pdrop=0.0,
+                      embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False, activation_function="gelu_new",
+                      bos_token_id=None, eos_token_id=None)
+
+
+def _aux_module(config: GPT2Config, width: int, generator: torch.Generator) -> GPT2MLP:
+    """GPT-2's own init: N(0, 0.02) in, N(0, 0.02/√(2L)) out (the residual-path scaling), zero biases."""
+    module = GPT2MLP(width, config)
+    with torch.no_grad():
+        module.c_fc.weight.normal_(0.0, config.initializer_range, generator=generator)
+        module.c_proj.weight.normal_(0.0, config.initializer_range / math.sqrt(2 * config.n_layer),
+                                     generator=generator)
+        module.c_fc.bias.zero_()
+        module.c_proj.bias.zero_()
+    return module
+
+
+def build_model(cfg, vocab_size: int, width: int, aux: Iterable[str], d_aux: int, seed: int) -> GPT2LMHeadModel:
+    """A GPT2LMHeadModel whose MLPs are RoutedMLPs (core width `width`, one d_aux module per name).
+
+    With `cfg.model`, the checkpoint is loaded with from_pretrained and its MLPs become the cores.
+    """
+    torch.manual_seed(seed)
+    if cfg.model is not None:
+        try:
+            model = GPT2LMHeadModel.from_pretrained(cfg.model, local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"model '{cfg.model}' is not a GPT-2 checkpoint ({str(exc).splitlines()[0]})") from None
+        if model.config.vocab_size < vocab_size:
+            raise ValueError(f"model '{cfg.model}' has {model.config.vocab_size} tokens but the data need "
+                             f"{vocab_size}; pass tokenizer=<the model's tokenizer dir>")
+        model.config.tie_word_embeddings = False
+        if model.lm_head.weight is model.transformer.wte.weight:  # untie: the head is a core parameter of its own
+            model.lm_head.weight = nn.Parameter(model.transformer.wte.weight.detach().clone())
+    else:
+        model = GPT2LMHeadModel(gpt2_config(cfg, vocab_size, width))
+    config = model.config
+    aux = list(aux)
+    for layer, block in enumerate(model.transformer.h):
+        generator = torch.Generator().manual_seed(seed * 1000 + layer)
+        modules = nn.ModuleDict({name: _aux_module(config, d_aux, generator) for name in aux})
+        block.mlp = RoutedMLP(block.mlp, modules)
+    return model.eval()  # no dropout anywhere: train/eval modes do not differ
+
+
+def routed_mlps(model: nn.Module) -> list[RoutedMLP]:
+    return [m for m in model.modules() if isinstance(m, RoutedMLP)]
+
+
+def module_names(model: nn.Module) -> list[str]:
+    mlps = routed_mlps(model)
+    return list(mlps[0].aux.keys()) if mlps else []
+
+
+def group_of(name: str) -> str:
+    """Optimizer group of a parameter: its aux module's name, or core (embeddings, attention, norms,
+    unembedding and the core MLPs)."""
+    parts = name.split(".")
+    if "aux" in parts:
+        return parts[parts.index("aux") + 1]
+    return CORE
+
+
+def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    groups: dict[str, list[nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        groups.setdefault(group_of(name), []).append(param)
+    return groups
+
+
+def group_sizes(model: nn.Module) -> dict[str, int]:
+    return {group: sum(p.numel() for p in params) for group, params in param_groups(model).items()}
+
+
+@contextmanager
+def routed(model: nn.Module, route: dict[str, float] | None) -> Iterator[None]:
+    mlps = routed_mlps(model)
+    for mlp in mlps:
+        mlp.route = route
+    try:
+        yield
+    finally:
+        for mlp in mlps:
+            mlp.route = None
+
+
+def forward(model: nn.Module, inputs: torch.Tensor, route: dict[str, float] | None = None,
+            frozen: Iterable[str] = ()) -> torch.Tensor:
+    """Logits with the given route; parameters of `frozen` groups enter as detached views, so the
+    activations still carry gradient through them (a layer-1 module learns through frozen layers above)."""
+    frozen = set(frozen)
+    with routed(model, route):
+        if not frozen:
+            return model(input_ids=inputs, use_cache=False).logits
+        params = {name: (p.detach() if group_of(name) in frozen else p) for name, p in model.named_parameters()}
+        return torch.func.functional_call(model, params, (), {"input_ids": inputs, "use_cache": False}).logits
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, pad_id: int) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=pad_id)
+
+
+def deploy(model: nn.Module, keep: Iterable[str]) -> nn.Module:
+    """The served model of a profile: a copy with every other module deleted (weights and biases)."""
+    keep = set(keep)
+    served = copy.deepcopy(model)
+    for mlp in routed_mlps(served):
+        for name in [n for n in mlp.aux if n not in keep]:
+            del mlp.aux[name]
+    return served
+
+
+def merged_gpt2(model: GPT2LMHeadModel, weights: dict[str, float] | None = None) -> GPT2LMHeadModel:
+    """A plain GPT2LMHeadModel computing the same function: GELU acts per hidden unit, so core and
+    modules concatenate into one MLP of width d_core + Σ d_aux (module i's c_proj rows and bias × wᵢ).
+    It saves and loads with save_pretrained / from_pretrained."""
+    mlps = routed_mlps(model)
+    names = list(mlps[0].aux.keys())
+    weights = {name: 1.0 for name in names} if weights is None else weights
+    width = mlps[0].core.c_fc.weight.shape[1] + sum(mlps[0].aux[n].c_fc.weight.shape[1] for n in names)
+    config = copy.deepcopy(model.config)
+    config.n_inner = width
+    merged = GPT2LMHeadModel(config)
+    state = {k: v for k, v in model.state_dict().items() if ".mlp." not in k}
+    for layer, mlp in enumerate(mlps):
+        parts = [mlp.core] + [mlp.aux[n] for n in names]
+        scale = [1.0] + [weights[n] for n in names]
+        prefix = f"transformer.h.{layer}.mlp."
+        state[prefix + "c_fc.weight"] = torch.cat([m.c_fc.weight for m in parts], dim=1)
+        state[prefix + "c_fc.bias"] = torch.cat([m.c_fc.bias for m in parts])
+        state[prefix + "c_proj.weight"] = torch.cat([w * m.c_proj.weight for m, w in zip(parts, scale)], dim=0)
+        state[prefix + "c_proj.bias"] = sum(w * m.c_proj.bias for m, w in zip(parts, scale))
+    merged.load_state_dict({k: v.detach().clone() for k, v in state.items()})
+    return merged.eval()

@@ -1,0 +1,147 @@
+"""`icml gradient-route` end to end through the CLI at a test-sized config built from the smoke preset:
+every variant, metric and extra table lands, the baseline's CR is 1, the report renders, a profile
+exports as a plain GPT-2 checkpoint, user folders and a local GPT-2 train, bad input is one line."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conftest import train_eval_report
+from icml.methods.gradient_route.config import VARIANTS
+
+TINY = ["--preset", "smoke", "--set", "gpt.n_embd=16", "--set", "gpt.n_layer=1", "--set", "gpt.n_head=2",
+        "--set", "gpt.context=16", "--set", "d_dense=32", "--set", "d_core=24", "--set", "d_aux=8",
+        "--set", "steps=8", "--set", "cr.eval_every=4", "--set", "batch=4", "--set", "accum=2",
+        "--set", "val_windows=8", "--set", "maxent.steps=2", "--set", "maxent.batch=4", "--set", "elicit.rounds=2",
+        "--set", "elicit.attack_windows=2", "--set", "titration.weights=0,1"]
+EVAL_METRICS = {"val_loss", "cr", "core_cr", "retain_cr", "forget_cr", "elicited_cr", "elicited_loss",
+                "elicit_gain_cr", "titration_cr", "wall_s"}
+TRAIN_METRICS = {"val_loss", "train_loss", "wall_s", "routing_freq", "train_flops_ratio", "serve_params_ratio",
+                 "compute_lambda", "fit_alpha", "fit_a", "fit_s0", "fit_rmse"}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    return train_eval_report("gradient-route", tmp_path_factory.mktemp("runs"),
+                             TINY + ["--set", f"variants={','.join(VARIANTS)}", "--set", "profiles=core,core+a0"])
+
+
+def test_every_variant_and_metric_is_recorded(tiny_run):
+    frame = pq.read_table(tiny_run / "metrics.parquet").to_pandas()
+    train, evaluated = frame[frame["phase"] == "train"], frame[frame["phase"] == "eval"]
+    assert set(train["metric"]) == TRAIN_METRICS and set(evaluated["metric"]) == EVAL_METRICS
+    assert set(evaluated["variant"]) == set(VARIANTS)
+    assert set(evaluated["profile"]) == {"core", "core+a0", "all", "mean"}
+    base = evaluated[(evaluated["variant"] == "baseline") & (evaluated["metric"] == "cr") & (evaluated["split"] == "val")]
+    assert base["value"].to_numpy() == pytest.approx(1.0, abs=1e-12)  # one seed: CR(baseline) = L⁻¹(ℓ)/L⁻¹(ℓ)
+    roles = evaluated[(evaluated["metric"] == "cr") & (evaluated["profile"] == "core+a0")]
+    assert set(roles.loc[roles["dataset"] == "a0", "role"]) == {"retain"}
+    assert set(roles.loc[roles["dataset"] == "a1", "role"]) == {"forget"}
+    ratios = train[train["metric"] == "train_flops_ratio"].set_index("variant")["value"]
+    assert ratios["baseline"] == 1.0 and ratios["gram"] == pytest.approx(1.0, abs=0.05)
+    # one dense model per profile, on D₁ ∪ R: 8 steps × 4 windows → 26 core + 2 per aux domain (rounded shares)
+    assert ratios["filter"] == pytest.approx((26 + 26 + 2) / (26 + 4 * 2), rel=1e-12)
+    fits = pq.read_table(tiny_run / "fits.parquet").to_pandas()
+    assert {"run_id", "dataset", "split", "a", "alpha", "s0", "rmse", "n_points"} <= set(fits.columns)
+    elicit = pq.read_table(tiny_run / "elicit.parquet").to_pandas()
+    assert set(elicit.columns) >= {"run_id", "variant", "profile", "dataset", "round", "split", "loss"}
+    assert "baseline" not in set(elicit["variant"]) and set(elicit["round"]) == {0, 1, 2}
+    best = evaluated[evaluated["metric"] == "elicited_loss"]
+    row = best.iloc[0]
+    curve = elicit[(elicit["variant"] == row["variant"]) & (elicit["profile"] == row["profile"])
+                   & (elicit["dataset"] == row["dataset"]) & (elicit["round"] >= 1)]
+    assert row["value"] == curve["loss"].min()  # the minimum over rounds, not the last
+
+
+def test_report_renders_tables_and_plots(tiny_run):
+    html = (tiny_run.parent.parent / "r.html").read_text()
+    for title in ("Compute ratios per variant", "Compute ratios per profile", "CR per profile × dataset",
+                  "Raw val_loss per profile", "Titration of module a0", "Costs", "Power-law fits"):
+        assert title in html
+    assert html.count("data:image/png;base64,") == 5
+
+
+def test_export_is_a_plain_gpt2_with_the_profile_function(icml, tiny_run, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    from icml.cli.lifecycle import config_from_run
+    from icml.cli.runstore import Run
+    from icml.methods.gradient_route import METHOD
+    from icml.methods.gradient_route.model import forward
+    from icml.methods.gradient_route.pipeline import corpus_for, deployed_model
+
+    out = tmp_path / "core+a0"
+    result = icml("gradient-route", "export", tiny_run, "--profile", "core+a0", "--out", out, "--json")
+    assert result.code == 0, result.err
+    assert result.json()["mlp_width"] == 24 + 8
+    exported = GPT2LMHeadModel.from_pretrained(out, local_files_only=True)
+    cfg, _, seed = config_from_run(METHOD, Run(tiny_run))
+    corpus = corpus_for(cfg, seed)
+    served = deployed_model(cfg, corpus, tiny_run / "checkpoints", "gram", "core+a0", seed, "cpu")
+    x = corpus.val["a0"][:, :-1]
+    with torch.no_grad():
+        expected = forward(served, x)
+        got = exported(input_ids=x).logits
+    # float32, one concatenated matmul instead of two summed ones
+    torch.testing.assert_close(got, expected, rtol=0, atol=64 * torch.finfo(torch.float32).eps * float(expected.abs().max()))
+    assert json.loads((out / "alphabet.json").read_text())["chars"].startswith("\x00abc")
+    bad = icml("gradient-route", "export", tiny_run, "--profile", "core+zz", "--out", tmp_path / "x")
+    assert bad.code == 2 and "is not core, core+<module>" in bad.err
+
+
+def test_user_folder_and_local_gpt2(icml, tmp_path):
+    from transformers import GPT2LMHeadModel
+
+    from icml.methods.gradient_route.model import gpt2_config
+
+    root = tmp_path / "domains"
+    for name, line in (("core", "plain words for every reader. "), ("bio", "cells divide and grow. "),
+                       ("chem", "acids and bases react. "), ("unlabelled", "mixed text of all kinds. ")):
+        (root / name).mkdir(parents=True)
+        for i in range(6):
+            (root / name / f"{i}.txt").write_text(f"{line}{i} " * 40)
+    result = icml("gradient-route", "train", *TINY, "--data", root, "--set", "profiles=core+bio", "--json")
+    assert result.code == 0, result.err
+    run = result.json()["run_dir"]
+    assert icml("gradient-route", "eval", run).code == 0
+    frame = pq.read_table(f"{run}/metrics.parquet").to_pandas()
+    assert {"bio", "chem"} <= set(frame["dataset"].dropna()) and "core+bio" in set(frame["profile"].dropna())
+
+    from icml.cli.config import apply_overrides
+    from icml.methods.gradient_route.config import preset
+
+    cfg = apply_overrides(preset("smoke"), [a for a in TINY[3::2]])
+    model_dir = tmp_path / "gpt2"
+    GPT2LMHeadModel(gpt2_config(cfg, 57, 48)).save_pretrained(model_dir)
+    result = icml("gradient-route", "train", *TINY, "--model", model_dir, "--set", "variants=baseline,gram",
+                  "--set", "profiles=core", "--json")
+    assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "variants=baseline,gramm"], "unknown variant(s) ['gramm']"),
+    (["--set", "variants=gram"], "variants must include baseline"),
+    (["--set", "profiles=core+a9"], "unknown module(s) ['a9']"),
+    (["--set", "batch=6", "--set", "accum=4"], "must be a multiple of accum"),
+    (["--set", "p_as=1.5"], "p_as must be in [0, 1]"),
+    (["--set", "routing=soft"], "routing must be one of"),
+    (["--set", "steps=10", "--set", "cr.eval_every=8"], "at least 2 baseline evaluations"),
+])
+def test_bad_config_is_one_line(icml, argv, message):
+    result = icml("gradient-route", "train", "--preset", "smoke", *argv)
+    assert result.code == 2 and message in result.err and "Traceback" not in result.err
+
+
+def test_bad_data_folder_is_one_line(icml, tmp_path):
+    tmp_path = tmp_path / "data"  # the fixture's runs/ lives in tmp_path
+    tmp_path.mkdir()
+    result = icml("gradient-route", "train", "--preset", "smoke", "--data", tmp_path)
+    assert result.code == 2 and "has no 'core' subfolder" in result.err
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "a.txt").write_text("x" * 50)
+    result = icml("gradient-route", "train", *TINY, "--data", tmp_path)
+    lines = [line for line in result.err.splitlines() if line.startswith("icml: error:")]
+    assert result.code == 1 and len(lines) == 1 and "no auxiliary domain folder" in lines[0]
