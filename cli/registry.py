@@ -14,6 +14,7 @@ METHODS: dict[str, str] = {
     "attribute-motion": "icml.methods.attribute_motion",
     "belief-filter": "icml.methods.belief_filter",
     "event-classify": "icml.methods.event_classify",
+    "explain-vit": "icml.methods.explain_vit",
     "fgad": "icml.methods.fgad",
     "flow-bounds": "icml.methods.flow_bounds",
     "gradient-route": "icml.methods.gradient_route",

@@ -1,0 +1,190 @@
+"""Configuration of `icml explain-vit`: nested dataclasses with the spec's defaults, three presets and a
+one-line validator. No torch here: help and listing import this module.
+
+`--model DIR` sets `model` (a local ViTForImageClassification checkpoint, loaded with from_pretrained);
+`--data DIR` sets `data` (a folder of images, optional `<stem>_mask.png` masks and a `labels.csv`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LADDER = ["input_x_grad", "weff", "weff_eq", "weff_eq_lp", "dave_nopost", "dave"]
+BASELINES = ["saliency", "integrated_gradients", "smoothgrad", "attn_rollout", "gae", "gradcam", "random"]
+ARMS = LADDER + BASELINES
+MONTAGE_MODES = ("interpolate", "downscale")
+FILLS = ("blur", "constant")
+
+
+@dataclass
+class DataConfig:
+    n_train: int = 6000
+    n_val: int = 600
+    n_test: int = 600
+    n_montages: int = 32  # spec 200: at 64×64 px every arm costs ~2 s per target on 2 cores (README)
+    n_val_montages: int = 12  # validation montages for the α_max sweep (GridPG), never test
+    image_size: int = 32
+    montage_mode: str = "interpolate"  # interpolate: 64×64 grid, interpolate_pos_encoding; downscale: 16-px cells
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 8
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_steps: int = 20
+
+
+@dataclass
+class ViTSize:
+    patch_size: int = 4
+    hidden_size: int = 96
+    layers: int = 4
+    heads: int = 4
+    intermediate_size: int = 384
+
+
+@dataclass
+class DaveConfig:
+    n_samples: int = 50  # N: warps × noise levels per map
+    alpha_max: float | None = None  # none: chosen on validation from alpha_grid (the toy model)
+    alpha_grid: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5])
+    flip_p: float = 0.5
+    rotate_deg: float = 20.0
+    translate: float = 0.1  # share of the side
+    scale_min: float = 0.9
+    scale_max: float = 1.1
+    mad_k: float = 2.5
+    gauss_kernel: int = 11  # at 224 px; scaled by H/224
+    gauss_sigma: float = 7.0
+    bilateral_kernel: int = 5
+    bilateral_sigma_space: float = 0.5
+    bilateral_sigma_range: float = 0.05
+    chunk: int = 32  # rows (image × sample) per forward/backward batch at 32×32 px; fewer for larger inputs
+
+
+@dataclass
+class EvalConfig:
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
+    n_test_images: int = 300
+    deletion_images: int = 48  # images with deletion/insertion curves (64 forwards per curve and arm)
+    deletion_steps: int = 64
+    deletion_max_frac: float = 0.9
+    fills: list[str] = field(default_factory=lambda: ["blur"])  # blur | constant (0 = the processor's grey)
+    blur_kernel: int = 31  # deletion fill at 224 px; scaled by H/224
+    blur_sigma: float = 7.0
+    stability_images: int = 32
+    stability_noise_sd: float = 0.05  # in [0, 1] pixel units
+    shifts: list[int] = field(default_factory=lambda: [1, 2, 3])
+    min_confidence: float = 0.9
+    require_correct: bool = True  # explain correct predictions only (the official benchmark's filter)
+    ig_steps: int = 32
+    smoothgrad_n: int = 50
+    smoothgrad_sigma: float = 0.15  # × (max − min) of the input
+    gallery: int = 4  # images and montages shown per arm in the report
+
+
+@dataclass
+class ExplainVitConfig:
+    model: str = ""  # "": train the toy ViT; else a local HF ViTForImageClassification directory
+    data: str = "synthetic"  # synthetic | a folder of images (+ _mask.png, labels.csv)
+    vit: ViTSize = field(default_factory=ViTSize)
+    data_cfg: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dave: DaveConfig = field(default_factory=DaveConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def preset(name: str) -> ExplainVitConfig:
+    cfg = ExplainVitConfig()
+    if name == "smoke":
+        cfg.data_cfg.n_train, cfg.data_cfg.n_val, cfg.data_cfg.n_test = 1000, 100, 100
+        cfg.data_cfg.n_montages, cfg.data_cfg.n_val_montages = 16, 4
+        cfg.train.epochs = 1
+        cfg.dave.n_samples = 8
+        cfg.dave.alpha_grid = [0.1, 0.3]
+        cfg.eval.arms = ["dave", "input_x_grad", "weff"]
+        cfg.eval.n_test_images = 32
+        cfg.eval.deletion_images = 8
+        cfg.eval.deletion_steps = 16
+        cfg.eval.stability_images = 4
+        cfg.eval.shifts = [1, 2]
+        cfg.train.batch_size = 32  # 32 steps instead of 8: the one epoch learns something
+        cfg.eval.min_confidence = 0.0  # a 1-epoch model is neither confident nor often right: smoke checks plumbing
+        cfg.eval.require_correct = False
+    elif name == "paper":  # ViT-B/16 or DeiT-B in transformers format from --model, ImageNet-val folder via --data
+        cfg.data_cfg.image_size = 224
+        cfg.vit = ViTSize(patch_size=16, hidden_size=768, layers=12, heads=12, intermediate_size=3072)
+        cfg.dave.alpha_max = 0.3  # ViT-B; DeiT-B 0.7 (set dave.alpha_max per model)
+        cfg.data_cfg.n_montages, cfg.data_cfg.n_val_montages = 200, 24
+        cfg.eval.n_test_images = 2000
+        cfg.eval.deletion_images = 2000
+        cfg.eval.stability_images = 500
+        cfg.data_cfg.montage_mode = "downscale"  # 224-px grids of four 112-px cells, as ViT GridPG benchmarks do
+    return cfg
+
+
+def validate(cfg: ExplainVitConfig) -> None:
+    from pathlib import Path
+
+    unknown = [a for a in cfg.eval.arms if a not in ARMS]
+    if unknown or not cfg.eval.arms:
+        raise ValueError(f"unknown or no arm(s) {unknown}; valid: {', '.join(ARMS)}")
+    if cfg.model and not (Path(cfg.model) / "config.json").is_file():
+        raise ValueError(f"model '{cfg.model}' is not a transformers checkpoint directory (no config.json); "
+                         "pass a ViTForImageClassification folder saved with save_pretrained")
+    if cfg.data != "synthetic" and not Path(cfg.data).is_dir():
+        raise ValueError(f"data '{cfg.data}' is not a folder; use data=synthetic or a folder of images")
+    if cfg.data != "synthetic" and not cfg.model:
+        raise ValueError("a user image folder needs a model trained on its classes; pass --model DIR as well")
+    if cfg.data != "synthetic" and cfg.dave.alpha_max is None:
+        raise ValueError("a user image folder has no validation split to choose α_max on; set dave.alpha_max "
+                         "(ViT-S 0.1, ViT-B 0.3, DeiT-S 0.5, DeiT-B 0.7, DeiT-III-S 0.5, DeiT-III-B 0.9)")
+    if cfg.data_cfg.montage_mode not in MONTAGE_MODES:
+        raise ValueError(f"data_cfg.montage_mode must be one of {', '.join(MONTAGE_MODES)}, "
+                         f"not '{cfg.data_cfg.montage_mode}'")
+    if not cfg.model and cfg.data_cfg.image_size % cfg.vit.patch_size:
+        raise ValueError(f"data_cfg.image_size ({cfg.data_cfg.image_size}) must be a multiple of vit.patch_size "
+                         f"({cfg.vit.patch_size})")
+    if not cfg.model and cfg.data_cfg.image_size < 24:
+        raise ValueError(f"data_cfg.image_size must be >= 24 to hold an 8-14 px object, not {cfg.data_cfg.image_size}")
+    if cfg.vit.hidden_size % cfg.vit.heads:
+        raise ValueError(f"vit.hidden_size ({cfg.vit.hidden_size}) must be divisible by vit.heads ({cfg.vit.heads})")
+    positive = {"data_cfg.n_train": cfg.data_cfg.n_train, "data_cfg.n_val": cfg.data_cfg.n_val,
+                "data_cfg.n_test": cfg.data_cfg.n_test, "data_cfg.n_montages": cfg.data_cfg.n_montages,
+                "data_cfg.n_val_montages": cfg.data_cfg.n_val_montages, "train.epochs": cfg.train.epochs,
+                "train.batch_size": cfg.train.batch_size, "dave.n_samples": cfg.dave.n_samples,
+                "dave.chunk": cfg.dave.chunk, "eval.n_test_images": cfg.eval.n_test_images,
+                "eval.deletion_steps": cfg.eval.deletion_steps, "eval.ig_steps": cfg.eval.ig_steps,
+                "eval.smoothgrad_n": cfg.eval.smoothgrad_n, "vit.layers": cfg.vit.layers, "vit.heads": cfg.vit.heads,
+                "vit.patch_size": cfg.vit.patch_size}
+    for key, value in positive.items():
+        if value < 1:
+            raise ValueError(f"{key} must be positive, not {value}")
+    for key in ("deletion_images", "stability_images", "gallery"):
+        if getattr(cfg.eval, key) < 0:
+            raise ValueError(f"eval.{key} must be >= 0, not {getattr(cfg.eval, key)}")
+    if cfg.dave.n_samples < 2 and cfg.dave.alpha_max is None:
+        raise ValueError("dave.n_samples must be >= 2 for the noise schedule")
+    alphas = cfg.dave.alpha_grid + ([cfg.dave.alpha_max] if cfg.dave.alpha_max is not None else [])
+    if not cfg.dave.alpha_grid or any(not 0 <= a < 1 for a in alphas):
+        raise ValueError(f"noise levels α must lie in [0, 1), got alpha_grid={cfg.dave.alpha_grid}, "
+                         f"alpha_max={cfg.dave.alpha_max}")
+    if not 0 <= cfg.dave.flip_p <= 1:
+        raise ValueError(f"dave.flip_p must be in [0, 1], not {cfg.dave.flip_p}")
+    if not 0 < cfg.dave.scale_min <= cfg.dave.scale_max:
+        raise ValueError(f"need 0 < dave.scale_min <= dave.scale_max, not {cfg.dave.scale_min}, {cfg.dave.scale_max}")
+    if cfg.dave.translate < 0 or cfg.dave.translate >= 0.5 or cfg.dave.rotate_deg < 0:
+        raise ValueError("dave.translate must be in [0, 0.5) and dave.rotate_deg >= 0")
+    if cfg.dave.mad_k <= 0:
+        raise ValueError(f"dave.mad_k must be positive, not {cfg.dave.mad_k}")
+    if not cfg.eval.fills or any(f not in FILLS for f in cfg.eval.fills):
+        raise ValueError(f"eval.fills must be a non-empty list of {', '.join(FILLS)}, not {cfg.eval.fills}")
+    if not 0 < cfg.eval.deletion_max_frac <= 1:
+        raise ValueError(f"eval.deletion_max_frac must be in (0, 1], not {cfg.eval.deletion_max_frac}")
+    if not 0 <= cfg.eval.min_confidence < 1:
+        raise ValueError(f"eval.min_confidence must be in [0, 1), not {cfg.eval.min_confidence}")
+    if any(s < 1 for s in cfg.eval.shifts) or not cfg.eval.shifts:
+        raise ValueError(f"eval.shifts must be positive pixel shifts, not {cfg.eval.shifts}")
+    if cfg.train.lr <= 0 or cfg.train.weight_decay < 0:
+        raise ValueError("train.lr must be positive and train.weight_decay >= 0")

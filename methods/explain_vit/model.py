@@ -1,0 +1,140 @@
+"""The model side: the toy transformers ViT, one loading path for toy and external checkpoints
+(`from_pretrained`, eager attention), the processor's normalisation, and training (AdamW, cosine)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from icml.methods.explain_vit.config import ExplainVitConfig
+from icml.methods.explain_vit.data import CLASSES
+
+
+@dataclass
+class Classifier:
+    """A ViTForImageClassification with the processor's normalisation and its input size."""
+
+    model: nn.Module
+    mean: torch.Tensor  # (1, C, 1, 1)
+    std: torch.Tensor
+    size: int
+    patch: int
+    classes: list[str]
+
+    def normalise(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[0, 1] pixels → the model input x (the x of c = w ⊙ x)."""
+        return (pixels - self.mean.to(pixels)) / self.std.to(pixels)
+
+    def denormalise(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.std.to(x) + self.mean.to(x)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of normalised inputs of any multiple of the patch size (montages interpolate positions)."""
+        interpolate = x.shape[-1] != self.size or x.shape[-2] != self.size
+        return self.model(pixel_values=x, interpolate_pos_encoding=interpolate).logits
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, batch: int = 128) -> torch.Tensor:
+        return torch.cat([self.logits(x[i:i + batch]).softmax(-1) for i in range(0, len(x), batch)])
+
+
+def build_toy(cfg: ExplainVitConfig, seed: int) -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    config = ViTConfig(image_size=cfg.data_cfg.image_size, patch_size=cfg.vit.patch_size, num_channels=3,
+                       hidden_size=cfg.vit.hidden_size, num_hidden_layers=cfg.vit.layers,
+                       num_attention_heads=cfg.vit.heads, intermediate_size=cfg.vit.intermediate_size,
+                       hidden_act="gelu", num_labels=len(CLASSES), attn_implementation="eager",
+                       id2label=dict(enumerate(CLASSES)), label2id={c: i for i, c in enumerate(CLASSES)})
+    return ViTForImageClassification(config)
+
+
+def save(model: nn.Module, path: Path) -> None:
+    """save_pretrained with a ViTImageProcessor beside it (mean = std = 0.5), so toy and external
+    checkpoints load through the same `load`."""
+    from transformers import ViTImageProcessor
+
+    size = model.config.image_size
+    model.save_pretrained(path)
+    ViTImageProcessor(size={"height": size, "width": size}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(path)
+
+
+def load(path: str | Path, device: str = "cpu") -> Classifier:
+    """ViTForImageClassification.from_pretrained(path, local_files_only, eager) + ViTImageProcessor."""
+    from transformers import AutoConfig, ViTForImageClassification, ViTImageProcessor
+
+    path = Path(path)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"model '{path}' cannot be read as a transformers checkpoint ({exc.__class__.__name__}); "
+                         "pass a folder saved with save_pretrained") from None
+    if config.model_type not in ("vit", "deit"):
+        raise ValueError(f"model '{path}' is a {config.model_type}, not a ViT/DeiT checkpoint in ViT format")
+    model = ViTForImageClassification.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    model.to(device).eval()
+    try:
+        processor = ViTImageProcessor.from_pretrained(path, local_files_only=True)
+        mean, std = processor.image_mean, processor.image_std
+    except OSError:  # no preprocessor_config.json: the ViT default
+        mean, std = [0.5] * 3, [0.5] * 3
+    size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
+    patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
+    labels = config.id2label or {}
+    classes = [str(labels.get(i, labels.get(str(i), i))) for i in range(config.num_labels)]
+    shape = (1, -1, 1, 1)
+    return Classifier(model, torch.tensor(mean, dtype=torch.float32).view(shape),
+                      torch.tensor(std, dtype=torch.float32).view(shape), size, patch, classes)
+
+
+def lr_at(step: int, total: int, base: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to zero."""
+    warmup = min(warmup, max(1, total // 10))  # short runs still reach the peak rate
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndarray, cfg: ExplainVitConfig,
+                     seed: int, device: str, on_epoch=None, advance=None) -> None:
+    """AdamW (lr 1e-3, wd 0.05), cosine schedule, batch 128, flip augmentation; on_epoch(epoch, loss, acc)."""
+    model = classifier.model
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    x_all = torch.from_numpy(images)
+    y_all = torch.from_numpy(labels)
+    steps_per_epoch = math.ceil(len(x_all) / cfg.train.batch_size)
+    total = steps_per_epoch * cfg.train.epochs
+    step = 0
+    for epoch in range(cfg.train.epochs):
+        order = torch.randperm(len(x_all), generator=generator)
+        loss_sum, correct = 0.0, 0
+        for i in range(0, len(order), cfg.train.batch_size):
+            idx = order[i:i + cfg.train.batch_size]
+            pixels = x_all[idx]
+            flip = torch.rand(len(idx), generator=generator) < 0.5
+            pixels = torch.where(flip[:, None, None, None], pixels.flip(-1), pixels)
+            x, y = classifier.normalise(pixels.to(device)), y_all[idx].to(device)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, total, cfg.train.lr, cfg.train.warmup_steps)
+            logits = classifier.logits(x)
+            loss = F.cross_entropy(logits, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(idx)
+            correct += int((logits.argmax(-1) == y).sum())
+            step += 1
+            if advance is not None:
+                advance(1)
+        if on_epoch is not None:
+            on_epoch(epoch, loss_sum / len(x_all), correct / len(x_all))
+    model.eval()

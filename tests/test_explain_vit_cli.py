@@ -1,0 +1,126 @@
+"""`icml explain-vit` end to end at a test-sized config built from the smoke preset: train → eval → report
+(every arm, every spec metric and tag, per_image.parquet), the explain verb on user images through the run
+and through --model, a user image folder, and bad input (one line, non-zero exit)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import invoke
+
+ARMS = ["input_x_grad", "weff", "weff_eq", "weff_eq_lp", "dave_nopost", "dave", "saliency",
+        "integrated_gradients", "smoothgrad", "attn_rollout", "gae", "gradcam", "random"]
+TINY = ["--preset", "smoke", "--set", "data_cfg.n_train=256", "--set", "data_cfg.n_test=12",
+        "--set", "data_cfg.n_val=12", "--set", "data_cfg.n_montages=2", "--set", "data_cfg.n_val_montages=1",
+        "--set", "vit.hidden_size=32", "--set", "vit.layers=2", "--set", "vit.heads=2",
+        "--set", "vit.intermediate_size=64", "--set", "dave.n_samples=3", "--set", "eval.n_test_images=4",
+        "--set", "eval.ig_steps=3", "--set", "eval.smoothgrad_n=3", "--set", "eval.deletion_images=2",
+        "--set", "eval.deletion_steps=4", "--set", "eval.stability_images=2", "--set", "eval.shifts=1",
+        "--set", "eval.gallery=1", "--set", "eval.fills=blur,constant", "--set", f"eval.arms={','.join(ARMS)}"]
+SPEC_METRICS = {"grid_pg", "energy_pg", "pointing_game", "pixel_auroc", "deletion_lerf_auc", "deletion_morf_auc",
+                "insertion_auc", "stability_noise", "stability_shift", "lattice_energy", "lattice_grad_ratio",
+                "class_sensitivity", "completeness_gap", "opvar_ratio", "wall_s_per_image", "n_backward"}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    trained = invoke("explain-vit", "train", *TINY, "--runs-dir", runs, "--json")
+    assert trained.code == 0, trained.err
+    path = Path(trained.json()["run_dir"])
+    evaluated = invoke("explain-vit", "eval", path, "--runs-dir", runs, "--json")
+    assert evaluated.code == 0, evaluated.err
+    report = invoke("explain-vit", "report", path, "--runs-dir", runs, "--format", "html", "--out", runs / "r.html")
+    assert report.code == 0, report.err
+    return path
+
+
+def test_every_arm_metric_tag_and_table(run):
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    test = frame[(frame["phase"] == "eval") & (frame["split"] == "test")]
+    assert SPEC_METRICS <= set(test["metric"])
+    assert set(test["variant"]) == set(ARMS)
+    assert {"lerf", "morf"} == set(test["direction"].dropna()) and {"blur", "constant"} == set(test["fill"].dropna())
+    assert set(test["input"]) == {"single", "montage"} and set(test["shift_px"].dropna()) == {1}
+    assert (test["n_samples"] == 3).all() and test["alpha_max"].notna().all() and (test["model"] == "toy_vit").all()
+    sweep = frame[(frame["phase"] == "eval") & (frame["split"] == "val")]
+    assert set(sweep["alpha_max"]) == {0.1, 0.3} and set(sweep["metric"]) == {"grid_pg"}
+    gap = test[test["metric"] == "completeness_gap"].set_index("variant")["value"]
+    assert gap["weff"] < 1e-4 < gap["input_x_grad"]  # float32 model: W_eff⊙x is complete, ∇⊙x is not
+    grid = test[test["metric"] == "grid_pg"]["value"]
+    assert grid.dropna().between(0, 1).all() and grid.notna().sum() >= len(ARMS) - 2  # NaN: no positive mass
+    per_image = pq.read_table(run / "per_image.parquet").to_pandas()
+    assert list(per_image.columns) == ["run_id", "variant", "image_id", "target", "metric", "value"]
+    assert set(per_image["variant"]) == set(ARMS) and "grid_pg" in set(per_image["metric"])
+    for name in ("curves", "spectra"):
+        assert (run / f"{name}.parquet").exists()
+    html = (run.parent.parent / "r.html").read_text()
+    assert "Ablation ladder" in html and "map gallery" in html and "data:image/png;base64" in html
+    assert (run / "report" / "map_gallery_montage.png").exists()
+
+
+def test_explain_verb_through_run_and_model(run, tmp_path):
+    from PIL import Image
+
+    from icml.methods.explain_vit.data import make_image
+
+    image, label, _, _ = make_image(0, "test", 0, 32)
+    path = tmp_path / "a.png"
+    Image.fromarray((image.transpose(1, 2, 0) * 255).astype(np.uint8)).resize((48, 48)).save(path)
+    out = tmp_path / "maps"
+    done = invoke("explain-vit", "explain", run, "--image", path, "--target", str(label), "--n", "2",
+                  "--out", out, "--runs-dir", run.parent.parent, "--json")
+    assert done.code == 0, done.err
+    (item,) = done.json()["images"]
+    m = np.load(item["npy"])
+    assert m.shape == (32, 32) and m.max() == pytest.approx(1.0) and m.min() >= 0  # dave is post-processed
+    assert Path(item["heatmap"]).exists() and Path(item["overlay"]).exists()
+    done = invoke("explain-vit", "explain", "--model", run / "checkpoints" / "model", "--image", path,
+                  "--method", "gae", "--out", out, "--json")
+    assert done.code == 0, done.err
+    assert done.json()["images"][0]["class"] in {"disk", "square", "triangle", "cross", "ring", "bar_pair"}
+
+
+def test_user_folder_loads_masks_labels_and_boxes(tmp_path):
+    from PIL import Image
+
+    from icml.methods.explain_vit.data import CLASSES, load_folder, make_image
+
+    rows = ["file,label,x0,y0,x1,y1"]
+    for i in range(3):
+        image, label, mask, box = make_image(1, "test", i, 32)
+        Image.fromarray((image.transpose(1, 2, 0) * 255).round().astype(np.uint8)).save(tmp_path / f"im{i}.png")
+        Image.fromarray(mask.astype(np.uint8) * 255).save(tmp_path / f"im{i}_mask.png")
+        rows.append(f"im{i}.png,{CLASSES[label] if i else label},{box[0]},{box[1]},{box[2]},{box[3]}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    folder = load_folder(tmp_path, 32, CLASSES)
+    for i in range(3):
+        image, label, mask, box = make_image(1, "test", i, 32)
+        assert folder.labels[i] == label and np.array_equal(folder.masks[i], mask)
+        assert np.array_equal(folder.boxes[i], box)
+        np.testing.assert_allclose(folder.images[i], image, atol=0.5 / 255 + 1e-6)  # 8-bit PNG rounding
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "--set", "eval.arms=dave,lime"], "unknown or no arm"),
+    (["train", "--set", "data_cfg.montage_mode=tile"], "montage_mode"),
+    (["train", "--set", "dave.alpha_grid=0.1,1.5"], "[0, 1)"),
+    (["train", "--model", "/nonexistent/model"], "does not exist"),
+    (["train", "--data", "."], "needs a model"),
+])
+def test_bad_input_one_line(icml, argv, needle):
+    result = icml("explain-vit", *argv, "--preset", "smoke")
+    assert result.code == 2 and needle in result.err and "Traceback" not in result.err
+    assert len([line for line in result.err.splitlines() if line.startswith("icml: error")]) == 1
+
+
+def test_bad_images_for_explain(run, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    result = invoke("explain-vit", "explain", run, "--image", broken, "--out", tmp_path, "--runs-dir", run.parent.parent)
+    assert result.code != 0 and "cannot be read" in result.err and "Traceback" not in result.err
+    result = invoke("explain-vit", "explain", run, "--image", tmp_path / "missing.png", "--runs-dir", run.parent.parent)
+    assert result.code == 2 and "does not exist" in result.err
