@@ -13,6 +13,7 @@ from .method import Method
 METHODS: dict[str, str] = {
     "attribute-motion": "icml.methods.attribute_motion",
     "belief-filter": "icml.methods.belief_filter",
+    "diverse-init": "icml.methods.diverse_init",
     "event-classify": "icml.methods.event_classify",
     "explain-vit": "icml.methods.explain_vit",
     "fgad": "icml.methods.fgad",

@@ -1,0 +1,237 @@
+"""Report of `icml diverse-init`: arms × metrics at the main guidance scale per tier and parameterisation,
+the τ sweep, cost; Pareto plots over w, τ-sweep curves, GMM scatter plots and minority mass against w,
+‖z‖/√d histograms (prior term), digits sample grids from shared seeds."""
+from __future__ import annotations
+
+
+import numpy as np
+import pandas as pd
+
+from icml.methods.diverse_init import METHOD
+from icml.methods.diverse_init.config import VARIANTS
+from icml.reports.plots import new_axes
+from icml.reports.tables import Table, fmt, metric_table
+
+BETTER = METHOD.metrics
+QUALITY = ["vendi", "recall", "precision", "density", "coverage", "fid", "inbatch_sim", "cond_acc"]
+GMM_ONLY = ["mode_coverage", "minority_mass", "gmm_precision"]
+INIT = ["u_before", "u_after", "z_norm_ratio", "force_ratio"]
+PARETO_ARMS = ("base", "divin", "cads", "divin_cads", "ig", "divin_ig", "pg", "divin_pg", "sail")
+
+
+def _eval(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[(frame["phase"] == "eval") & frame["feature_space"].isin(["coord", "clf", "init"])]
+
+
+def _defaults(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float]]:
+    """(tier, param) → (default divin τ, τ*) from the tau_star rows."""
+    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "tau_star")]
+    return {(r.tier, r.param): (r.tau, r.value) for r in rows.itertuples()}
+
+
+def _main_arms(ev: pd.DataFrame, tier: str, param: str, tau: float, k: int) -> pd.DataFrame:
+    """Rows of the grid's standard arms (default τ and K; arms without DivIn have τ = NaN, K = 0)."""
+    sub = ev[(ev["tier"] == tier) & (ev["param"] == param)]
+    default = sub["tau"].isna() | (np.isclose(sub["tau"], tau) & (sub["k_steps"] == k))
+    return sub[default]
+
+
+def tables(frame: pd.DataFrame, config) -> list[Table]:
+    out = []
+    ev = _eval(frame)
+    defaults = _defaults(frame)
+    k = config.divin.k_steps
+    for (tier, param), (tau, tau_star) in defaults.items():
+        sub = _main_arms(ev, tier, param, tau, k)
+        sub = sub[sub["cfg_scale"] == config.main_cfg]
+        metrics = QUALITY + (GMM_ONLY if tier == "gmm" else []) + INIT
+        out.append(metric_table(sub, f"{tier} · {param}: arms at w = {fmt(config.main_cfg)} (τ = {fmt(tau)}, "
+                                     f"τ* = {fmt(tau_star)}, K = {k})", metrics, BETTER, order=list(VARIANTS),
+                                note=f"mean ± sd over sampling seeds; features: {'coordinates' if tier == 'gmm' else 'classifier penultimate layer'}"))
+    sweep = ev[(ev["variant"] == "divin") & (ev["cfg_scale"] == config.main_cfg) & (ev["k_steps"] == k)]
+    if not sweep.empty:
+        out.append(metric_table(sweep.sort_values(["tier", "param", "tau"], kind="stable"), f"τ sweep of divin at w = {fmt(config.main_cfg)}",
+                                ["vendi", "recall", "precision", "fid", "u_before", "u_after", "force_ratio"],
+                                BETTER, rows=["tier", "param", "tau"]))
+    ks = ev[ev["variant"].isin(["divin", "divin_no_prior"]) & (ev["cfg_scale"] == config.main_cfg)]
+    ks = ks[ks.apply(lambda r: np.isclose(r["tau"], defaults.get((r["tier"], r["param"]), (np.nan,))[0]), axis=1)] \
+        if not ks.empty else ks
+    if ks["k_steps"].nunique() > 1:
+        out.append(metric_table(ks, "prior term: divin vs divin_no_prior over K", ["z_norm_ratio", "fid", "vendi",
+                                                                                   "recall", "u_after"],
+                                BETTER, rows=["tier", "param", "variant", "k_steps"]))
+    cost = ev[ev["metric"].isin(["nfe", "wall_s"]) & (ev["cfg_scale"] == config.main_cfg)]
+    if not cost.empty:
+        cost = pd.concat([_main_arms(cost, t, p, tau, k) for (t, p), (tau, _) in defaults.items()])
+        out.append(metric_table(cost, f"cost at w = {fmt(config.main_cfg)} (NFE per sample, a cond+uncond pair "
+                                      "counts once; sampling seconds per sample)", ["nfe", "wall_s"], BETTER,
+                                rows=["tier", "param", "variant"], order=list(VARIANTS)))
+    train = frame[frame["phase"] == "train"]
+    if not train.empty:
+        last = train[train["step"] == train.groupby(["tier", "param"])["step"].transform("max")]
+        out.append(metric_table(last, "training (final loss)", ["loss"], BETTER, rows=["tier", "param"]))
+    clf = frame[frame["metric"] == "clf_acc"]
+    if not clf.empty:
+        out.append(metric_table(clf, "feature classifier", ["clf_acc"], BETTER))
+    return out
+
+
+def headline(frame: pd.DataFrame) -> dict:
+    """{metric: {"tier/param/variant": mean}} for vendi, recall and precision of the standard arms at w = 4
+    (or the largest scale present)."""
+    ev = _eval(frame)
+    out: dict = {}
+    for (tier, param), (tau, _) in _defaults(frame).items():
+        divin_k = ev.loc[ev["variant"] == "divin", "k_steps"]
+        sub = _main_arms(ev, tier, param, tau, int(divin_k.min()) if len(divin_k) else 0)
+        scale = 4.0 if (sub["cfg_scale"] == 4.0).any() else sub["cfg_scale"].max()
+        sub = sub[(sub["cfg_scale"] == scale) & sub["metric"].isin(["vendi", "recall", "precision"])]
+        for (variant, metric), value in sub.groupby(["variant", "metric"])["value"].mean().items():
+            out.setdefault(metric, {})[f"{tier}/{param}/{variant}"] = float(value)
+    return out
+
+
+# plots ---------------------------------------------------------------------------------------------
+def _mean(sub: pd.DataFrame, metric: str, by: list[str]) -> pd.Series:
+    return sub[sub["metric"] == metric].groupby(by)["value"].mean()
+
+
+def plots(frame: pd.DataFrame, config, run=None) -> list:
+    import matplotlib.pyplot as plt
+
+    figures = []
+    ev = _eval(frame)
+    defaults = _defaults(frame)
+    k = config.divin.k_steps
+    for tier in dict.fromkeys(t for t, _ in defaults):
+        params = [p for t, p in defaults if t == tier]
+        for x_metric, y_metric in (("precision", "recall"), ("fid", "vendi")):
+            fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4), squeeze=False)
+            for ax, param in zip(axes[0], params):
+                sub = _main_arms(ev, tier, param, defaults[(tier, param)][0], k)
+                for variant in PARETO_ARMS:
+                    xs = _mean(sub[sub["variant"] == variant], x_metric, ["cfg_scale"])
+                    ys = _mean(sub[sub["variant"] == variant], y_metric, ["cfg_scale"])
+                    if len(xs) and len(ys):
+                        line, = ax.plot(xs.values, ys.values, "o-", label=variant,
+                                        lw=2.2 if variant in ("base", "divin") else 1)
+                        for w, xv, yv in zip(xs.index, xs.values, ys.values):
+                            ax.annotate(f"w={fmt(w)}", (xv, yv), fontsize=6, color=line.get_color())
+                ax.set(title=f"{tier} · {param}", xlabel=x_metric, ylabel=y_metric)
+            axes[0][0].legend(fontsize=7)
+            fig.suptitle(f"{tier}: {y_metric} vs {x_metric} across guidance scale")
+            figures.append((f"{tier} pareto {y_metric} vs {x_metric}", fig))
+    sweep = ev[(ev["variant"] == "divin") & (ev["cfg_scale"] == config.main_cfg) & (ev["k_steps"] == k)]
+    if not sweep.empty and sweep.groupby(["tier", "param"])["tau"].nunique().max() > 2:
+        fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+        for ax, metric in zip(axes, ("vendi", "recall", "precision", "u_after")):
+            for (tier, param), (_, tau_star) in defaults.items():
+                series = _mean(sweep[(sweep["tier"] == tier) & (sweep["param"] == param)], metric, ["tau"])
+                if len(series):
+                    ax.plot(series.index / tau_star if tau_star > 0 else series.index, series.values, "o-",
+                            label=f"{tier} {param}")
+            ax.set(title=metric, xlabel="τ / τ*")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"τ sweep of divin at w = {fmt(config.main_cfg)}")
+        figures.append(("tau sweep", fig))
+    if run is not None:
+        figures += _gmm_plots(run, ev, defaults, config)
+        figures += _znorm_plot(run)
+        figures += _grid_plots(run)
+    return figures
+
+
+def _gmm_plots(run, ev, defaults, config) -> list:
+    import matplotlib.pyplot as plt
+
+    from icml.methods.diverse_init.data import gmm_means
+
+    path = run.table_path("gmm_samples")
+    if not path.exists():
+        return []
+    samples = run.table("gmm_samples")
+    figures = []
+    params = [p for t, p in defaults if t == "gmm"]
+    scales = [w for w in (1.0, config.main_cfg) if w in set(samples["cfg_scale"])]
+    fig, axes = plt.subplots(len(params), 2 * len(scales), figsize=(3.2 * 2 * len(scales), 3.2 * len(params)),
+                             squeeze=False)
+    means = gmm_means()
+    for row, param in zip(axes, params):
+        tau = defaults[("gmm", param)][0]
+        col = 0
+        for w in scales:
+            for variant in ("base", "divin"):
+                ax = row[col]
+                col += 1
+                sub = samples[(samples["param"] == param) & (samples["variant"] == variant) & (samples["cfg_scale"] == w)]
+                if variant == "divin":
+                    sub = sub[np.isclose(sub["tau"], tau) & (sub["k_steps"] == config.divin.k_steps)]
+                inside = sub[sub["in_3sigma"]]
+                outside = sub[~sub["in_3sigma"]]
+                ax.scatter(outside["x"], outside["y"], c="lightgrey", s=2)
+                ax.scatter(inside["x"], inside["y"], c=inside["component"], cmap="tab20", vmin=0, vmax=15, s=2)
+                ax.scatter(means[:, 0], means[:, 1], marker="+", c="k", s=30)
+                ax.set_title(f"{param} · {variant} · w={fmt(w)}", fontsize=8)
+                ax.set_aspect("equal")
+                ax.set_xticks([])
+                ax.set_yticks([])
+    fig.suptitle("GMM samples coloured by nearest component (grey: outside 3σ)")
+    figures.append(("gmm samples base vs divin", fig))
+
+    fig, ax = new_axes("GMM minority mass against guidance scale (true 0.3)", "guidance scale w", "minority_mass")
+    for param in params:
+        sub = _main_arms(ev, "gmm", param, defaults[("gmm", param)][0], config.divin.k_steps)
+        for variant in ("base", "divin", "sail", "cads", "divin_cads", "ig", "divin_ig", "pg", "divin_pg"):
+            series = _mean(sub[sub["variant"] == variant], "minority_mass", ["cfg_scale"])
+            if len(series):
+                ax.plot(series.index, series.values, "o-" if param == "eps" else "s--", label=f"{param} {variant}",
+                        lw=2 if variant in ("base", "divin") else 0.8)
+    ax.axhline(0.3, color="grey", lw=0.8, ls=":")
+    ax.legend(fontsize=6, ncol=2)
+    figures.append(("gmm minority mass vs w", fig))
+    return figures
+
+
+def _znorm_plot(run) -> list:
+    import matplotlib.pyplot as plt
+
+    if not run.table_path("z_norms").exists():
+        return []
+    znorm = run.table("z_norms")
+    groups = list(znorm.groupby(["tier", "param"]))
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
+    for ax, ((tier, param), sub) in zip(axes[0], groups):
+        for (variant, k), part in sub.groupby(["variant", "k_steps"]):
+            ax.hist(part["z_norm"], bins=30, histtype="step", density=True, label=f"{variant} K={k}")
+        ax.set(title=f"{tier} · {param}", xlabel="‖z‖/√d")
+        ax.legend(fontsize=6)
+    fig.suptitle("prior term: ‖z‖/√d after initialisation")
+    return [("z norm histograms prior term", fig)]
+
+
+def _grid_plots(run) -> list:
+    import matplotlib.pyplot as plt
+
+    path = run.path / "checkpoints" / "digits_samples.npz"
+    if not path.exists():
+        return []
+    with np.load(path) as archive:
+        grids = {key: archive[key] for key in archive.files}
+    figures = []
+    for param in sorted({key.split("/")[0] for key in grids}):
+        arms = [v for v in VARIANTS if f"{param}/{v}" in grids]
+        fig, axes = plt.subplots(len(arms), 1, figsize=(12, 0.42 * len(grids[f'{param}/{arms[0]}']) / 4 + 0.6 * len(arms)),
+                                 squeeze=False)
+        for ax, variant in zip(axes[:, 0], arms):
+            images = np.clip((grids[f"{param}/{variant}"][:, 0] + 1) / 2, 0, 1)
+            per_class = 4
+            rows = [np.concatenate(list(images[c * per_class:(c + 1) * per_class]), axis=1)
+                    for c in range(len(images) // per_class)]
+            ax.imshow(np.concatenate(rows, axis=1), cmap="gray", vmin=0, vmax=1)
+            ax.set_ylabel(variant, rotation=0, ha="right", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        fig.suptitle(f"digits · {param}: 4 samples per class (0–9), every arm from the same seeds")
+        figures.append((f"digits samples {param}", fig))
+    return figures
+

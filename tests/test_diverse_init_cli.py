@@ -1,0 +1,151 @@
+"""`icml diverse-init` end to end on a tiny config built from the smoke preset: train → eval → report
+with every arm, metric and extra table of the spec, the `generate` verb, --model through
+from_pretrained, --data, and bad inputs (one line, no traceback, nothing created)."""
+from __future__ import annotations
+
+from dataclasses import astuple
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import invoke
+
+VARIANTS = ["base", "divin", "divin_no_noise", "divin_no_prior", "sail", "cads", "divin_cads", "ig", "divin_ig",
+            "pg", "divin_pg"]
+TINY = ["--preset", "smoke", "--set", f"variants={','.join(VARIANTS)}", "--set", "workers=1",
+        "--set", "gmm.steps=20", "--set", "gmm.n_per_class=12", "--set", "gmm.n_ref=80", "--set", "gmm.sample_steps=3",
+        "--set", "gmm.cfg_scales=1,4", "--set", "gmm.k_steps=1,3", "--set", "gmm.seeds=2",
+        "--set", "digits.steps=2", "--set", "digits.batch_size=4", "--set", "digits.n_per_class=3",
+        "--set", "digits.sample_steps=2", "--set", "digits.clf_steps=3", "--set", "digits.cfg_scales=2,4", "--set", "digits.block_out_channels=32,32,32",
+        "--set", "digits.tau_sweep=false", "--set", "divin.calib_noises=8", "--set", "sail.steps=1",
+        "--set", "sail.restarts=1"]
+SPEC_METRICS = {"vendi", "precision", "recall", "density", "coverage", "fid", "inbatch_sim", "cond_acc",
+                "u_before", "u_after", "z_norm_ratio", "force_ratio", "nfe", "wall_s"}
+GMM_METRICS = {"mode_coverage", "minority_mass", "gmm_precision"}
+GMM_COLUMNS = ["run_id", "variant", "param", "cfg_scale", "tau", "k_steps", "seed", "class_id", "x", "y", "component",
+               "in_3sigma"]
+
+
+def ok(*argv) -> dict | None:
+    result = invoke(*argv)
+    assert result.code == 0, result.err
+    return result.json() if "--json" in argv else None
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    path = Path(ok("diverse-init", "train", *TINY, "--runs-dir", runs, "--json")["run_dir"])
+    result = ok("diverse-init", "eval", path, "--runs-dir", runs, "--json")
+    assert result["status"] == "completed"
+    ok("diverse-init", "report", path, "--format", "html", "--out", runs / "r.html", "--runs-dir", runs)
+    return path
+
+
+def test_every_arm_metric_and_tag_is_recorded(run):
+    frame = pd.read_parquet(run / "metrics.parquet")
+    train, ev = frame[frame["phase"] == "train"], frame[frame["phase"] == "eval"]
+    assert set(train["metric"]) == {"loss", "clf_acc"}
+    assert set(train.loc[train["metric"] == "loss", "tier"] + "_" + train.loc[train["metric"] == "loss", "param"]) == \
+        {"gmm_eps", "gmm_flow", "digits_eps", "digits_flow"}
+    for tier in ("gmm", "digits"):
+        for param in ("eps", "flow"):
+            sub = ev[(ev["tier"] == tier) & (ev["param"] == param)]
+            main = sub[sub["cfg_scale"] == 4.0]
+            assert set(main["variant"]) == set(VARIANTS)
+            assert SPEC_METRICS | (GMM_METRICS if tier == "gmm" else set()) <= set(main["metric"])
+            assert set(sub.loc[sub["cfg_scale"] == (1.0 if tier == "gmm" else 2.0), "variant"]) == \
+                (set(VARIANTS) if tier == "gmm" else {"base", "divin"})
+            sweep = main[(main["variant"] == "divin") & (main["metric"] == "vendi") & (main["feature_space"] != "pixel")]
+            if tier == "gmm":
+                assert sweep["tau"].nunique() == 5 and 0.0 in set(sweep["tau"])  # τ*·{0, 1/8, 1/4, 1/2, 1}
+            else:
+                assert sweep["tau"].nunique() == 1  # digits.tau_sweep=false: the default τ only
+    assert set(ev["feature_space"].dropna()) == {"coord", "clf", "pixel", "init"}  # tau_star rows have none
+    gmm_k = ev[(ev["tier"] == "gmm") & (ev["variant"] == "divin_no_prior")]
+    assert set(gmm_k["k_steps"]) == {1, 3}
+    assert set(ev.loc[ev["tier"] == "gmm", "seed"]) == {0, 1}
+    nfe = ev[(ev["metric"] == "nfe") & (ev["tier"] == "gmm") & (ev["cfg_scale"] == 4.0)]
+    by_arm = nfe.groupby(["variant", "k_steps"])["value"].first()
+    assert by_arm[("base", 0)] == 3 and by_arm[("divin", 1)] == 4 and by_arm[("divin", 3)] == 6  # + K pairs
+    assert set(ev.loc[ev["variant"] == "divin_cads", "traj"]) == {"cads"}
+
+
+def test_initial_noise_is_shared_by_the_arms(run):
+    frame = pd.read_parquet(run / "metrics.parquet")
+    u0 = frame[(frame["metric"] == "u_before") & (frame["tier"] == "gmm") & (frame["param"] == "eps")
+               & (frame["seed"] == 0) & (frame["cfg_scale"] == 4.0)]
+    assert np.allclose(u0["value"], u0["value"].iloc[0], rtol=1e-6)  # every arm starts from the same z
+
+
+def test_extra_tables_and_report(run):
+    gmm = pd.read_parquet(run / "gmm_samples.parquet")
+    assert list(gmm.columns) == GMM_COLUMNS and set(gmm["variant"]) == set(VARIANTS)
+    assert set(gmm["seed"]) == {0}
+    znorm = pd.read_parquet(run / "z_norms.parquet")
+    assert set(znorm["variant"]) == {"base", "divin", "divin_no_prior"}
+    with np.load(run / "checkpoints" / "digits_samples.npz") as grids:
+        assert {f"eps/{v}" for v in VARIANTS} <= set(grids.files) and grids["eps/base"].shape == (30, 1, 16, 16)  # 3 per class (< GRID_PER_CLASS)
+    html = (run.parent.parent / "r.html").read_text()
+    for title in ("arms at w = 4", "τ sweep of divin", "prior term: divin vs divin_no_prior", "cost at w = 4",
+                  "gmm pareto recall vs precision", "digits pareto vendi vs fid", "tau sweep",
+                  "gmm samples base vs divin", "gmm minority mass vs w", "z norm histograms prior term",
+                  "digits samples eps", "digits samples flow"):
+        assert title in html, title
+    assert (run / "checkpoints" / "gmm_flow" / "scheduler_config.json").exists()
+
+
+def test_generate_verb_and_a_local_model_directory(run, tmp_path):
+    out = tmp_path / "grid.png"
+    result = ok("diverse-init", "generate", run, "--class", "3", "--n", "4", "--variant", "divin", "--cfg", "2",
+                "--traj", "cads,ig", "--steps", "2", "--out", out, "--json")
+    assert result["param"] == "eps" and out.exists() and np.load(tmp_path / "grid.npy").shape == (4, 1, 16, 16)
+    flow = ok("diverse-init", "generate", "--model", run / "checkpoints" / "digits_flow", "--n", "3", "--tau", "0.5",
+              "--steps", "2", "--out", tmp_path / "f.png", "--json")
+    assert flow["param"] == "flow" and flow["tau"] == 0.5  # from its FlowMatchEuler scheduler config
+    # the run's checkpoint is a plain save_pretrained directory: train/eval with it as --model
+    runs = tmp_path / "runs"
+    trained = ok("diverse-init", "train", *TINY, "--set", "tiers=digits", "--model", run / "checkpoints" / "digits_flow",
+                 "--runs-dir", runs, "--json")
+    frame = pd.read_parquet(Path(trained["run_dir"]) / "metrics.parquet")
+    assert "loss" not in set(frame["metric"])  # no denoiser training: the given model is used
+
+
+def test_user_data_file(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "digits.npz"
+    np.savez(path, images=rng.integers(0, 255, (60, 8, 8), dtype=np.uint8), labels=np.arange(60) % 10)
+    trained = ok("diverse-init", "train", *TINY, "--set", "tiers=digits", "--set", "params=eps", "--data", path,
+                 "--runs-dir", tmp_path / "runs", "--json")
+    assert (Path(trained["run_dir"]) / "checkpoints" / "classifier.pt").exists()
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, pictures=np.zeros((3, 8, 8)))
+    code, _, err = astuple(invoke("diverse-init", "train", *TINY, "--data", bad, "--runs-dir", tmp_path / "runs"))
+    lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
+    assert code == 1 and len(lines) == 1 and "lacks `images` or `labels`" in lines[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "variants=base,oracle"], "variants ['base', 'oracle'] must be a non-empty list"),
+    (["--set", "divin.potential=l1"], "divin.potential must be sq or l2"),
+    (["--set", "label_dropout=0"], "label_dropout must be in (0, 1)"),
+    (["--set", "cads.tau1=0.9", "--set", "cads.tau2=0.5"], "cads needs 0 ≤ tau1 < tau2 ≤ 1"),
+    (["--set", "main_cfg=3"], "main_cfg 3.0 is not in gmm.cfg_scales"),
+    (["--preset", "paper"], "the paper preset needs --model DIR"),
+])
+def test_bad_config_is_one_line(tmp_path, argv, message):
+    result = invoke("diverse-init", "train", *argv, "--runs-dir", tmp_path)
+    assert result.code == 2 and message in result.err and "Traceback" not in result.err
+    assert not (tmp_path / "diverse-init").exists()  # nothing created
+
+
+def test_bad_model_directory_and_generate_options(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"_class_name": "UNet2DModel"}')
+    code, _, err = astuple(invoke("diverse-init", "generate", "--model", folder, "--out", tmp_path / "g.png"))
+    assert code == 1 and "has no scheduler_config.json" in err and "Traceback" not in err
+    code, _, err = astuple(invoke("diverse-init", "generate", "--model", folder, "--variant", "cads"))
+    assert code == 2 and "unknown --variant 'cads'" in err
