@@ -20,6 +20,7 @@ METHODS: dict[str, str] = {
     "flow-bounds": "icml.methods.flow_bounds",
     "gradient-route": "icml.methods.gradient_route",
     "kv-compress": "icml.methods.kv_compress",
+    "latent-thought": "icml.methods.latent_thought",
     "metaphor-bench": "icml.methods.metaphor_bench",
     "reason-stop": "icml.methods.reason_stop",
     "rl-sgd": "icml.methods.rl_sgd",
