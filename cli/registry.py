@@ -13,6 +13,7 @@ from .method import Method
 METHODS: dict[str, str] = {
     "attribute-motion": "icml.methods.attribute_motion",
     "belief-filter": "icml.methods.belief_filter",
+    "curious-agent": "icml.methods.curious_agent",
     "diverse-init": "icml.methods.diverse_init",
     "event-classify": "icml.methods.event_classify",
     "explain-vit": "icml.methods.explain_vit",

@@ -1,0 +1,24 @@
+"""`icml curious-agent`: GLANCE visual-linguistic curiosity for a tiny VLM agent (arXiv 2605.03782)."""
+from icml.cli.method import HIGHER, LOWER, Method
+from icml.methods.curious_agent.config import ARMS, CuriousAgentConfig, preset, validate
+
+METHOD = Method(
+    name="curious-agent",
+    package=__name__,
+    title="What You Think is What You See: Driving Exploration in VLM Agents via Visual-Linguistic Curiosity",
+    arxiv="2605.03782",
+    status="partial",
+    summary="GLANCE: curiosity from a tiny VLM agent's linguistic next-state prediction, in MiniGrid.",
+    config=CuriousAgentConfig,
+    preset=preset,
+    validate=validate,
+    tags={"experiment": "string", "env_id": "string", "reward_mode": "string", "beta": "float64", "reset_every": "float64",
+          "ema_alpha": "float64"},
+    metrics={"success_rate": HIGHER, "mean_return": HIGHER, "steps_to_first_success": LOWER,
+             "first_success_found": HIGHER, "coverage": HIGHER, "explore_loss": None,
+             "intrinsic_reward_raw": None, "intrinsic_reward_norm": None, "projector_reset": None,
+             "ri_novel_over_revisit": HIGHER, "probe_ri_decay": LOWER, "obs_slot_acc": HIGHER,
+             "pred_slot_acc": HIGHER, "policy_entropy": None, "value_loss": None, "sps": None,
+             "episode_return": HIGHER},
+    variants=tuple(ARMS),
+)

@@ -1,0 +1,164 @@
+"""The tiny VLM agent, its turn grammar and the GLANCE head.
+
+A turn is `<obs> 6 slots </obs> <pred> 6 slots </pred> <ans> action </ans>` after 4 visual tokens
+from the CNN vision encoder f_v. Decoding is grammar-constrained: the structural tokens are forced,
+each slot samples only among its own values. The language model is a 2-layer GPT-2 fed through
+`inputs_embeds`, decoded with its KV cache.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GPT2Config, GPT2Model
+
+from icml.methods.curious_agent.env import ACTION_NAMES, SLOTS
+
+STRUCT = ["<obs>", "</obs>", "<pred>", "</pred>", "<ans>", "</ans>"]
+SLOT_VALUES = [[f"{name}={v}" for v in values] for name, values in SLOTS]
+VOCAB = STRUCT + sorted({tok for values in SLOT_VALUES for tok in values}) + [f"act={a}" for a in ACTION_NAMES]
+TOKEN = {t: i for i, t in enumerate(VOCAB)}
+# the turn template: a token name (forced) or ("slot", k) / ("act",) (sampled)
+TEMPLATE = (["<obs>"] + [("slot", k) for k in range(len(SLOTS))] + ["</obs>", "<pred>"]
+            + [("slot", k) for k in range(len(SLOTS))] + ["</pred>", "<ans>", ("act",), "</ans>"])
+SAMPLED = [p for p, t in enumerate(TEMPLATE) if not isinstance(t, str)]  # 13 positions
+OBS_POS, PRED_POS, ACT_POS = SAMPLED[:6], SAMPLED[6:12], SAMPLED[12]
+CLOSE_PRED = TEMPLATE.index("</pred>")
+
+
+def slot_token_ids(k: int) -> list[int]:
+    return [TOKEN[t] for t in SLOT_VALUES[k]]
+
+
+def action_token_ids(n_actions: int) -> list[int]:
+    return [TOKEN[f"act={a}"] for a in ACTION_NAMES[:n_actions]] if n_actions == 7 else \
+        [TOKEN[f"act={ACTION_NAMES[a]}"] for a in (0, 1, 2, 3, 5)]
+
+
+class VisionEncoder(nn.Module):
+    """f_v: 3-layer CNN (16-32-64) on the 28x28 view -> n visual tokens of width d."""
+
+    def __init__(self, d: int = 64, n_tokens: int = 4):
+        super().__init__()
+        side = int(round(n_tokens ** 0.5))
+        self.net = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1), nn.ReLU(),
+                                 nn.Conv2d(32, d, 3, 2, 1), nn.AdaptiveAvgPool2d(side))
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:  # [B,3,28,28] -> [B,n,d]
+        return self.net(frames).flatten(2).transpose(1, 2)
+
+
+class Projector(nn.Module):
+    """g_psi: MLP d -> 2d -> d, initialised (and re-initialised) from its own generator."""
+
+    def __init__(self, d: int, generator: torch.Generator, d_in: int | None = None):
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):  # nn.Linear's default init would draw from torch's RNG
+            self.net = nn.Sequential(nn.Linear(d_in or d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
+        self.generator = generator
+        self.reinitialise()
+
+    @torch.no_grad()
+    def reinitialise(self) -> None:
+        """Kaiming-uniform weights as nn.Linear's default, drawn from the projector's generator
+        only: the policy's RNG stream never moves (β = 0 ≡ vagen_lite)."""
+        for layer in self.net:
+            if isinstance(layer, nn.Linear):
+                bound = 1.0 / layer.in_features ** 0.5
+                layer.weight.uniform_(-bound, bound, generator=self.generator)
+                layer.bias.uniform_(-bound, bound, generator=self.generator)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net(h)
+
+
+def explore_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """L_explore = || ŷ/||ŷ|| − y/||y|| ||² per row (= 2 − 2 cos), in [0, 4]; y is a stop-gradient target."""
+    return (F.normalize(prediction, dim=-1) - F.normalize(target.detach(), dim=-1)).pow(2).sum(-1)
+
+
+class CoTAgent(nn.Module):
+    """Vision encoder f_v, GPT-2 language decoder Λ_ℓ with its own vocabulary, value head."""
+
+    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4, visual_tokens: int = 4, n_actions: int = 5):
+        super().__init__()
+        self.vision = VisionEncoder(d, visual_tokens)
+        self.embed = nn.Embedding(len(VOCAB), d)
+        config = GPT2Config(vocab_size=1, n_positions=64, n_embd=d, n_layer=layers, n_head=heads,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                            bos_token_id=None, eos_token_id=None)
+        self.lm = GPT2Model(config)
+        self.lm_head = nn.Linear(d, len(VOCAB), bias=False)
+        self.value = nn.Linear(d, 1)
+        self.n_visual = visual_tokens
+        masks = torch.full((len(TEMPLATE), len(VOCAB)), float("-inf"))
+        for p, t in enumerate(TEMPLATE):
+            allowed = [TOKEN[t]] if isinstance(t, str) else \
+                slot_token_ids(t[1]) if t[0] == "slot" else action_token_ids(n_actions)
+            masks[p, allowed] = 0.0
+        self.register_buffer("masks", masks, persistent=False)  # constrained decoding, per template position
+        self.action_ids = action_token_ids(n_actions)
+
+    def language_parameters(self) -> list[nn.Parameter]:
+        return [*self.embed.parameters(), *self.lm.parameters(), *self.lm_head.parameters()]
+
+    def forward_turn(self, frames: torch.Tensor, tokens: torch.Tensor):
+        """Teacher-forced pass over whole turns: frames [B,3,H,W], tokens [B,len(TEMPLATE)] ->
+        logits [B,13,V] (masked) of the sampled positions, values [B,13], hidden [B,len(TEMPLATE),d]."""
+        embeds = torch.cat([self.vision(frames), self.embed(tokens)], 1)
+        hidden = self.lm(inputs_embeds=embeds).last_hidden_state
+        before = hidden[:, [self.n_visual + p - 1 for p in SAMPLED]]  # the state that chooses token p
+        logits = self.lm_head(before) + self.masks[SAMPLED]
+        return logits, self.value(before).squeeze(-1), hidden[:, self.n_visual:]
+
+    @torch.no_grad()
+    def generate(self, frames: torch.Tensor, greedy: bool = False, generator: torch.Generator | None = None):
+        """KV-cached constrained decoding of one turn per frame -> tokens [B,19], logprobs [B,13],
+        values [B,13], hidden at every template position [B,19,d]."""
+        batch = frames.shape[0]
+        tokens = torch.zeros(batch, len(TEMPLATE), dtype=torch.long)
+        logprobs, values, chunks = [], [], []
+        pending, past = self.vision(frames), None  # embeddings not yet fed to the cache
+        for p, t in enumerate(TEMPLATE):
+            if isinstance(t, str):  # forced structural token: queue it, no forward pass
+                tokens[:, p] = TOKEN[t]
+                pending = torch.cat([pending, self.embed(tokens[:, p:p + 1])], 1)
+                continue
+            out = self.lm(inputs_embeds=pending, cache=past, use_cache=True)
+            past = out.cache
+            chunks.append(out.last_hidden_state)
+            last = out.last_hidden_state[:, -1]
+            logits = self.lm_head(last) + self.masks[p]
+            dist = torch.distributions.Categorical(logits=logits)
+            choice = logits.argmax(-1) if greedy else torch.multinomial(dist.probs, 1, generator=generator)[:, 0]
+            tokens[:, p] = choice
+            logprobs.append(dist.log_prob(choice))
+            values.append(self.value(last).squeeze(-1))
+            pending = self.embed(choice[:, None])
+        chunks.append(self.lm(inputs_embeds=pending, cache=past, use_cache=True).last_hidden_state)
+        hidden = torch.cat(chunks, 1)[:, self.n_visual:]
+        return tokens, torch.stack(logprobs, 1), torch.stack(values, 1), hidden
+
+
+class GlanceHead(nn.Module):
+    """g_psi on the policy's hidden state at the end of <pred>, and the EMA target φ of f_v."""
+
+    def __init__(self, agent: CoTAgent, seed: int, d_in: int | None = None):
+        super().__init__()
+        d = agent.embed.embedding_dim
+        self.generator = torch.Generator().manual_seed(10_007 + seed)
+        self.projector = Projector(d, self.generator, d_in)
+        self.target = copy.deepcopy(agent.vision)  # φ starts at v; deepcopy draws no random numbers
+        self.target.requires_grad_(False)
+
+    @torch.no_grad()
+    def ema_update(self, online: nn.Module, alpha: float) -> None:
+        """φ ← αφ + (1−α)v."""
+        for phi, v in zip(self.target.parameters(), online.parameters()):
+            phi.mul_(alpha).add_(v, alpha=1 - alpha)
+
+    @torch.no_grad()
+    def target_feature(self, next_frames: torch.Tensor) -> torch.Tensor:
+        return self.target(next_frames).mean(1)  # y: mean of the target's visual tokens

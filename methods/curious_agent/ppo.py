@@ -1,0 +1,485 @@
+"""PPO for the pixel actor-critic and for the CoT agent (VAGEN Bi-Level GAE), with GLANCE.
+
+Order of one update of a GLANCE arm: roll out with the current weights, computing r^i_t = β·L_explore
+with those pre-update weights at rollout time; add r^i (normalised) to the turn reward; turn-level
+then token-level GAE; then PPO epochs in which every minibatch also takes one alignment step of
+(f_v, g_ψ) on L_explore, followed by the EMA update of φ. Every K updates g_ψ and its Adam moments
+are re-initialised.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from icml.methods.curious_agent.env import SLOTS, GridEnvs
+from icml.methods.curious_agent.model import (ACT_POS, CLOSE_PRED, OBS_POS, PRED_POS, SAMPLED, CoTAgent,
+                                              GlanceHead, VisionEncoder, explore_loss, slot_token_ids)
+
+N_SLOTS = len(SLOTS)
+
+
+# ---- advantages ---------------------------------------------------------------------------------
+def gae(rewards, values, dones, last_value, gamma: float, lam: float):
+    """Standard GAE over [T, N] arrays; dones[t] = the episode ended after step t."""
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(last_value)
+    for t in reversed(range(rewards.shape[0])):
+        next_value = last_value if t == rewards.shape[0] - 1 else values[t + 1]
+        live = 1.0 - dones[t]
+        delta = rewards[t] + gamma * next_value * live - values[t]
+        running = delta + gamma * lam * live * running
+        advantages[t] = running
+    return advantages
+
+
+def bilevel_gae(turn_rewards, token_values, dones, last_value, gamma_turn: float, gamma_token: float, lam: float):
+    """VAGEN Bi-Level GAE. turn_rewards/dones [T,N]; token_values [T,N,K] (the critic before each
+    sampled token; the last one is the turn value). Returns token advantages [T,N,K]."""
+    turn_values = token_values[..., -1]
+    turn_returns = gae(turn_rewards, turn_values, dones, last_value, gamma_turn, lam) + turn_values
+    K = token_values.shape[-1]
+    advantages = torch.zeros_like(token_values)
+    running = torch.zeros_like(turn_rewards)
+    for k in reversed(range(K)):  # inside the turn: the turn return is the reward of its last token
+        reward = turn_returns if k == K - 1 else torch.zeros_like(turn_rewards)
+        next_value = torch.zeros_like(turn_rewards) if k == K - 1 else token_values[..., k + 1]  # bootstrap 0
+        delta = reward + gamma_token * next_value - token_values[..., k]
+        running = delta + gamma_token * lam * running
+        advantages[..., k] = running
+    return advantages
+
+
+class RunningStd:
+    """Running variance of the discounted intrinsic return (the RND normaliser)."""
+
+    def __init__(self, n_envs: int, gamma: float):
+        self.gamma, self.ret = gamma, np.zeros(n_envs)
+        self.count, self.mean, self.var = 1e-4, 0.0, 1.0
+
+    def normalise(self, rewards: np.ndarray) -> np.ndarray:
+        self.ret = self.gamma * self.ret + rewards
+        batch_mean, batch_var, n = self.ret.mean(), self.ret.var(), len(self.ret)
+        delta, total = batch_mean - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total) / total
+        self.count = total
+        return rewards / np.sqrt(self.var + 1e-8)
+
+
+# ---- arms ---------------------------------------------------------------------------------------
+@dataclass
+class ArmSpec:
+    cot: bool
+    beta: float
+    reset_every: float
+    ema_alpha: float
+    lm_grad: bool = False
+    vision_only: bool = False
+    rnd: bool = False
+
+
+def arm_spec(arm: str, cfg) -> ArmSpec:
+    g = cfg.glance
+    return {"ppo": ArmSpec(False, 0.0, 0.0, g.ema_alpha),
+            "ppo_rnd": ArmSpec(False, 0.0, 0.0, g.ema_alpha, rnd=True),
+            "vagen_lite": ArmSpec(True, 0.0, 0.0, g.ema_alpha),
+            "glance": ArmSpec(True, g.beta, g.reset_every, g.ema_alpha),
+            "glance_no_reset": ArmSpec(True, g.beta, 0.0, g.ema_alpha),
+            "glance_no_ema": ArmSpec(True, g.beta, g.reset_every, 0.0),
+            "glance_lm_grad": ArmSpec(True, g.beta, g.reset_every, g.ema_alpha, lm_grad=True),
+            "glance_vision_only": ArmSpec(True, g.beta, g.reset_every, g.ema_alpha, vision_only=True)}[arm]
+
+
+def n_actions(cfg) -> int:
+    return 5 if cfg.env.actions == "minimal" else 7
+
+
+def new_agent(cfg) -> CoTAgent:
+    m = cfg.model
+    return CoTAgent(m.d_model, m.layers, m.heads, m.visual_tokens, n_actions(cfg))
+
+
+class PixelActorCritic(nn.Module):
+    """The `ppo` baseline: the same f_v, pooled, into MLP actor and critic heads (no CoT)."""
+
+    def __init__(self, d: int, n_act: int):
+        super().__init__()
+        self.vision = VisionEncoder(d, 4)
+        self.actor = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, n_act))
+        self.critic = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, 1))
+
+        self.critic_int = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, 1))  # used by ppo_rnd only
+
+    def forward(self, frames):
+        z = self.vision(frames).mean(1)
+        return self.actor(z), self.critic(z).squeeze(-1), self.critic_int(z).squeeze(-1)
+
+
+class RND(nn.Module):
+    """Random network distillation on o_{t+1}: a fixed random CNN target, a trained predictor;
+    observations normalised by running per-pixel mean/std and clipped to [−5, 5]."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.target = nn.Sequential(VisionEncoder(d, 1), nn.Flatten(), nn.Linear(d, d))
+        self.target.requires_grad_(False)
+        self.predictor = nn.Sequential(VisionEncoder(d, 1), nn.Flatten(), nn.ReLU(), nn.Linear(d, d), nn.ReLU(),
+                                       nn.Linear(d, d))
+        self.register_buffer("mean", torch.zeros(3, 28, 28))
+        self.register_buffer("var", torch.ones(3, 28, 28))
+        self.count = 1e-4
+
+    def update_stats(self, frames: torch.Tensor) -> None:
+        m, v, n = frames.mean(0), frames.var(0, unbiased=False), frames.shape[0]
+        delta, total = m - self.mean, self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + v * n + delta ** 2 * self.count * n / total) / total
+        self.count = total
+
+    def error(self, frames: torch.Tensor) -> torch.Tensor:
+        x = ((frames - self.mean) / (self.var.sqrt() + 1e-8)).clamp(-5, 5)
+        return (self.predictor(x) - self.target(x)).pow(2).sum(-1)
+
+
+def slot_accuracy(tokens: torch.Tensor, slots: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """Per-row fraction of slots whose generated value equals the describer's."""
+    truth = torch.stack([torch.tensor(slot_token_ids(k))[slots[:, k]] for k in range(N_SLOTS)], 1)
+    return (tokens[:, positions] == truth).float().mean(1)
+
+
+def teacher_tokens(slots_t: torch.Tensor, slots_next: torch.Tensor, actions: torch.Tensor, agent: CoTAgent):
+    """The describer's turn (for the warm-up): <obs>=describer(o_t), <pred>=describer(o_t+1), <ans>=a_t."""
+    from icml.methods.curious_agent.model import TEMPLATE, TOKEN
+
+    tokens = torch.zeros(len(actions), len(TEMPLATE), dtype=torch.long)
+    for p, t in enumerate(TEMPLATE):
+        if isinstance(t, str):
+            tokens[:, p] = TOKEN[t]
+    for k in range(N_SLOTS):
+        ids = torch.tensor(slot_token_ids(k))
+        tokens[:, OBS_POS[k]], tokens[:, PRED_POS[k]] = ids[slots_t[:, k]], ids[slots_next[:, k]]
+    tokens[:, ACT_POS] = torch.tensor(agent.action_ids)[actions]
+    return tokens
+
+
+def warmup(cfg, seed: int) -> dict:
+    """Perception warm-up: teacher-forced CE on random-walk transitions; returns the agent's weights."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    agent = new_agent(cfg)
+    envs = GridEnvs(cfg.env.id, cfg.ppo.n_envs, 1_000_000 + seed * 1000, cfg.env.actions, cfg.env.tile_size,
+                    cfg.env.max_steps)
+    frames, slots, nexts, actions = [], [], [], []
+    while len(frames) * cfg.ppo.n_envs < cfg.warmup.transitions:
+        act = rng.integers(0, n_actions(cfg), cfg.ppo.n_envs)
+        f, s = envs.frames.copy(), envs.slots.copy()
+        _, _, _, _, _, next_slots = envs.step(act)
+        frames.append(f), slots.append(s), nexts.append(next_slots), actions.append(act)
+    frames = torch.tensor(np.concatenate(frames))
+    tokens = teacher_tokens(torch.tensor(np.concatenate(slots)), torch.tensor(np.concatenate(nexts)),
+                            torch.tensor(np.concatenate(actions)), agent)
+    optimiser = torch.optim.Adam(agent.parameters(), lr=cfg.warmup.lr)
+    for _ in range(cfg.warmup.epochs):
+        for idx in torch.randperm(len(frames)).split(cfg.warmup.batch):
+            logits, _, _ = agent.forward_turn(frames[idx], tokens[idx])
+            loss = F.cross_entropy(logits.flatten(0, 1), tokens[idx][:, SAMPLED].flatten())
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    return agent.state_dict()
+
+
+# ---- the GLANCE learner -------------------------------------------------------------------------
+class Glance:
+    """Projector g_ψ, EMA target φ, the alignment optimiser over f_v and g_ψ (and Λ_ℓ only for the
+    routing ablation), the intrinsic-reward normaliser and the periodic projector reset."""
+
+    def __init__(self, agent: CoTAgent, spec: ArmSpec, cfg, seed: int):
+        self.agent, self.spec, self.cfg = agent, spec, cfg
+        self.n_actions = len(agent.action_ids)
+        self.head = GlanceHead(agent, seed, d_in=agent.embed.embedding_dim + self.n_actions if spec.vision_only else None)
+        self.position = CLOSE_PRED if cfg.glance.h_position == "close" else CLOSE_PRED - 1
+        self.params = list(agent.vision.parameters()) + list(self.head.projector.parameters())
+        if spec.lm_grad:
+            self.params += agent.language_parameters()
+        self.optimiser = torch.optim.Adam(self.params, lr=cfg.glance.lr)
+        self.normaliser = RunningStd(cfg.ppo.n_envs, cfg.glance.gamma_int)
+
+    @property
+    def active(self) -> bool:
+        return self.spec.beta > 0 or self.cfg.glance.align_when_beta0
+
+    def loss(self, hidden: torch.Tensor, next_frames: torch.Tensor, frames: torch.Tensor | None = None,
+             actions: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-turn L_explore from the hidden states [B, 19, d] of the turns; the vision-only
+        ablation (BYOL-Explore style) queries with pooled f_v(o_t) ⊕ one-hot(a_t) instead."""
+        if self.spec.vision_only:
+            query = torch.cat([self.agent.vision(frames).mean(1), F.one_hot(actions, self.n_actions).float()], -1)
+        else:
+            query = hidden[:, self.position]
+        return explore_loss(self.head.projector(query), self.head.target_feature(next_frames))
+
+    def gradients(self, loss: torch.Tensor) -> tuple:
+        """∂L_explore w.r.t. f_v and g_ψ only (Λ_ℓ too for `glance_lm_grad`): L back-propagates
+        through Λ_ℓ into the visual tokens, but Λ_ℓ's .grad is never written."""
+        return torch.autograd.grad(loss, self.params, retain_graph=True, allow_unused=True)
+
+    def step(self, grads: tuple) -> None:
+        """The alignment optimiser's step on the given gradients, then φ ← αφ + (1−α)v."""
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        self.optimiser.step()
+        for p in self.params:
+            p.grad = None
+        self.head.ema_update(self.agent.vision, self.spec.ema_alpha)
+
+    def align(self, loss: torch.Tensor) -> None:
+        self.step(self.gradients(loss))
+
+    def reset_projector(self) -> None:
+        """Re-initialise g_ψ and its Adam moments; f_v, φ and the normaliser are kept."""
+        self.head.projector.reinitialise()
+        for p in self.head.projector.parameters():
+            self.optimiser.state.pop(p, None)
+
+
+# ---- training -----------------------------------------------------------------------------------
+def _tag(cfg, spec: ArmSpec) -> dict:
+    return {"env_id": cfg.env.id, "reward_mode": cfg.reward_mode, "beta": spec.beta,
+            "reset_every": spec.reset_every, "ema_alpha": spec.ema_alpha}
+
+
+def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
+    """Train one (arm, seed); -> (metric rows of the train split, final state dict)."""
+    spec = arm_spec(arm, cfg)
+    torch.manual_seed(seed)
+    rng = torch.Generator().manual_seed(seed)
+    p = cfg.ppo
+    envs = GridEnvs(cfg.env.id, p.n_envs, seed * 100_000, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
+    if spec.cot:
+        model = new_agent(cfg)
+        if warm_state is not None:
+            model.load_state_dict(warm_state)
+        glance = Glance(model, spec, cfg, seed)
+    else:
+        model, glance = PixelActorCritic(cfg.model.d_model, n_actions(cfg)), None
+    rnd = RND(cfg.model.d_model) if spec.rnd else None
+    rnd_norm = RunningStd(p.n_envs, cfg.glance.gamma_int) if spec.rnd else None
+    optimiser = torch.optim.Adam(list(model.parameters()) + (list(rnd.predictor.parameters()) if rnd else []),
+                                 lr=p.lr)
+    updates = max(1, p.total_steps // (p.n_envs * p.rollout))
+    reset_every = max(1, round(spec.reset_every * updates)) if spec.reset_every > 0 else 0
+    tags, rows = _tag(cfg, spec), []
+    steps, first_success, returns_now = 0, None, np.zeros(p.n_envs)
+    ri_novel, ri_revisit = [], []
+    for update in range(1, updates + 1):
+        start = time.perf_counter()
+        reset = bool(glance is not None and glance.active and reset_every and update > 1
+                     and (update - 1) % reset_every == 0)
+        if reset:
+            glance.reset_projector()
+        buf = {k: [] for k in ("frames", "next", "tokens", "logp", "values", "reward", "done", "ri_raw",
+                               "ri", "obs_acc", "pred_acc", "actions", "values_int", "ri_rnd")}
+        finished = []
+        for _ in range(p.rollout):
+            frames = torch.tensor(envs.frames)
+            slots_t = torch.tensor(envs.slots)
+            with torch.no_grad():
+                if spec.cot:
+                    tokens, logp, values, hidden = model.generate(frames, generator=rng)
+                    action_index = torch.tensor([model.action_ids.index(int(t)) for t in tokens[:, ACT_POS]])
+                else:
+                    logits, value, value_int = model(frames)
+                    buf["values_int"].append(value_int)
+                    dist = torch.distributions.Categorical(logits=logits)
+                    action_index = torch.multinomial(dist.probs, 1, generator=rng)[:, 0]
+                    logp, values, tokens = dist.log_prob(action_index)[:, None], value[:, None], action_index
+            reward, done, success, novel, next_frames, next_slots = envs.step(action_index.numpy())
+            steps += p.n_envs
+            returns_now += reward
+            for i in np.flatnonzero(done):
+                finished.append(returns_now[i])
+                returns_now[i] = 0.0
+            if first_success is None and success.any():
+                first_success = steps
+            task = reward if cfg.reward_mode == "extrinsic" else np.zeros_like(reward)
+            turn_reward = task.copy()
+            next_t = torch.tensor(next_frames)
+            if rnd is not None:
+                with torch.no_grad():
+                    buf["ri_raw"].append(rnd.error(next_t).numpy())
+                buf["ri_rnd"].append(torch.tensor(rnd_norm.normalise(buf["ri_raw"][-1]), dtype=torch.float32))
+            if spec.cot:
+                obs_acc = slot_accuracy(tokens, slots_t, OBS_POS)
+                pred_acc = slot_accuracy(tokens, torch.tensor(next_slots), PRED_POS)
+                turn_reward += p.reason_coef * 0.5 * (obs_acc + pred_acc).numpy()
+                buf["obs_acc"].append(obs_acc), buf["pred_acc"].append(pred_acc)
+                ri_raw = np.zeros(p.n_envs)
+                ri = np.zeros(p.n_envs)
+                if glance.active:  # pre-update weights, at rollout time, one scalar per turn
+                    with torch.no_grad():
+                        ri_raw = spec.beta * glance.loss(hidden, next_t, frames, action_index).numpy()
+                    ri = glance.normaliser.normalise(ri_raw)
+                    turn_reward += ri  # added before advantage estimation
+                    for i in range(p.n_envs):
+                        (ri_novel if novel[i] else ri_revisit).append(ri_raw[i])
+                buf["ri_raw"].append(ri_raw), buf["ri"].append(ri)
+            for key, value in (("frames", frames), ("next", next_t), ("tokens", tokens), ("logp", logp),
+                               ("values", values), ("reward", torch.tensor(turn_reward, dtype=torch.float32)),
+                               ("done", torch.tensor(done, dtype=torch.float32)), ("actions", action_index)):
+                buf[key].append(value)
+        with torch.no_grad():
+            frames = torch.tensor(envs.frames)
+            last_value = model.generate(frames, generator=rng)[2][:, -1] if spec.cot else model(frames)[1]
+            last_int = None if spec.cot else model(frames)[2]
+        batch = {k: torch.stack(v) for k, v in buf.items() if v and k not in ("ri_raw", "ri")}
+        if rnd is not None:
+            rnd.update_stats(batch["next"].flatten(0, 1))
+        if spec.cot:
+            advantages = bilevel_gae(batch["reward"], batch["values"], batch["done"], last_value,
+                                     p.gamma_turn, p.gamma_token, p.gae_lambda)
+        else:
+            advantages = gae(batch["reward"], batch["values"][..., 0], batch["done"], last_value,
+                             p.gamma_turn, p.gae_lambda)[..., None]
+        returns = advantages + batch["values"]
+        if rnd is not None:  # two value heads; the intrinsic stream is non-episodic (RND)
+            adv_int = gae(batch["ri_rnd"], batch["values_int"], torch.zeros_like(batch["done"]), last_int,
+                          cfg.glance.gamma_int, p.gae_lambda)
+            returns_int = (adv_int + batch["values_int"]).flatten(0, 1)
+            advantages = 2.0 * advantages + 1.0 * adv_int[..., None]  # ext_coef 2, int_coef 1
+        flat = {k: v.flatten(0, 1) for k, v in batch.items()}
+        adv, ret = advantages.flatten(0, 1), returns.flatten(0, 1)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)  # whitened over generated tokens
+        stats = {"policy_entropy": [], "value_loss": [], "explore_loss": []}
+        n = adv.shape[0]
+        for _ in range(p.epochs):
+            for idx in torch.randperm(n, generator=rng).split(max(1, n // p.minibatches)):
+                if spec.cot:
+                    logits, values, hidden = model.forward_turn(flat["frames"][idx], flat["tokens"][idx])
+                    dist = torch.distributions.Categorical(logits=logits)
+                    new_logp = dist.log_prob(flat["tokens"][idx][:, SAMPLED])
+                    entropy = dist.entropy()
+                else:
+                    logits, value, value_int = model(flat["frames"][idx])
+                    dist = torch.distributions.Categorical(logits=logits)
+                    new_logp, values = dist.log_prob(flat["actions"][idx])[:, None], value[:, None]
+                    entropy = dist.entropy()[:, None]
+                ratio = (new_logp - flat["logp"][idx]).exp()
+                a = adv[idx]
+                policy_loss = -torch.min(ratio * a, ratio.clamp(1 - p.clip, 1 + p.clip) * a).mean()
+                value_loss = (values - ret[idx]).pow(2).mean()
+                loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * entropy.mean()
+                if rnd is not None:
+                    errors = rnd.error(flat["next"][idx])
+                    keep = (torch.rand(len(idx), generator=rng) < 0.25).float()  # predictor on 25% of samples
+                    loss = loss + p.vf_coef * (value_int - returns_int[idx]).pow(2).mean() \
+                        + (errors * keep).sum() / keep.sum().clamp(min=1)
+                align_grads = None
+                if glance is not None and glance.active:  # both gradients at the same weights
+                    align = glance.loss(hidden, flat["next"][idx], flat["frames"][idx], flat["actions"][idx]).mean()
+                    align_grads = glance.gradients(align)
+                    stats["explore_loss"].append(float(align.detach()))
+                optimiser.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), p.max_grad_norm)
+                optimiser.step()
+                if align_grads is not None:
+                    glance.step(align_grads)  # own optimiser and parameters, then the EMA of φ
+                stats["policy_entropy"].append(float(entropy.mean().detach()))
+                stats["value_loss"].append(float(value_loss.detach()))
+        elapsed = time.perf_counter() - start
+        metrics = {"policy_entropy": np.mean(stats["policy_entropy"]), "value_loss": np.mean(stats["value_loss"]),
+                   "coverage": envs.coverage(), "sps": p.n_envs * p.rollout / elapsed}
+        if finished:
+            metrics["episode_return"] = float(np.mean(finished))
+        if spec.cot:
+            metrics["obs_slot_acc"] = float(batch["obs_acc"].mean())
+            metrics["pred_slot_acc"] = float(batch["pred_acc"].mean())
+        if rnd is not None:
+            metrics["intrinsic_reward_raw"] = float(np.mean(buf["ri_raw"]))
+            metrics["intrinsic_reward_norm"] = float(batch["ri_rnd"].mean())
+        if glance is not None and glance.active:
+            metrics["explore_loss"] = float(np.mean(stats["explore_loss"]))
+            metrics["intrinsic_reward_raw"] = float(np.mean(buf["ri_raw"]))
+            metrics["intrinsic_reward_norm"] = float(np.mean(buf["ri"]))
+            metrics["projector_reset"] = float(reset)
+        rows += [{"metric": k, "value": float(v), "variant": arm, "step": steps, "seed": seed, **tags}
+                 for k, v in metrics.items()]
+        if progress is not None:
+            progress(p.n_envs * p.rollout)
+    budget = updates * p.n_envs * p.rollout
+    final = {"steps_to_first_success": first_success if first_success is not None else budget,
+             "first_success_found": float(first_success is not None), "coverage": envs.coverage()}
+    if ri_novel and ri_revisit:
+        final["ri_novel_over_revisit"] = float(np.mean(ri_novel) / max(np.mean(ri_revisit), 1e-12))
+    rows += [{"metric": k, "value": float(v), "variant": arm, "step": steps, "seed": seed,
+              "experiment": "final", **tags} for k, v in final.items()]
+    state = {"model": model.state_dict()}
+    if glance is not None:
+        state["glance"] = glance.head.state_dict()
+    return rows, state, envs.visits
+
+
+def revisit_probe(cfg, spec: ArmSpec, model: CoTAgent, state: dict, seed: int, repeats: int = 20) -> float:
+    """One stored transition replayed `repeats` times through the head, each followed by an
+    alignment step: r^i after the last repeat ÷ r^i at the first (a working curiosity decays)."""
+    model = copy.deepcopy(model)  # the probe's updates must not leak into the evaluated agent
+    glance = Glance(model, spec, cfg, seed)
+    glance.head.load_state_dict(state["glance"])
+    envs = GridEnvs(cfg.env.id, 1, 2 * 10**9 + seed, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
+    frames = torch.tensor(envs.frames)
+    with torch.no_grad():
+        tokens = model.generate(frames, greedy=True)[0]
+    action = torch.tensor([model.action_ids.index(int(tokens[0, ACT_POS]))])
+    next_frames = torch.tensor(envs.step(action.numpy())[4])
+    rewards = []
+    for _ in range(repeats):
+        loss = glance.loss(model.forward_turn(frames, tokens)[2], next_frames, frames, action).mean()
+        rewards.append(spec.beta * float(loss.detach()))
+        glance.align(loss)
+    return rewards[-1] / max(rewards[0], 1e-12)
+
+
+def evaluate_arm(cfg, arm: str, seed: int, state: dict) -> list[dict]:
+    """Greedy evaluation on env seeds disjoint from training: success, return, slot accuracy."""
+    spec = arm_spec(arm, cfg)
+    model = new_agent(cfg) if spec.cot else PixelActorCritic(cfg.model.d_model, n_actions(cfg))
+    model.load_state_dict(state["model"])
+    n = min(cfg.eval_episodes, 16)
+    envs = GridEnvs(cfg.env.id, n, 10**9 + seed * 10_000, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
+    returns, successes, obs_acc, pred_acc = [], [], [], []
+    running = np.zeros(n)
+    active = np.ones(n, bool)
+    started = n
+    with torch.no_grad():
+        while len(returns) < cfg.eval_episodes:
+            frames, slots_t = torch.tensor(envs.frames), torch.tensor(envs.slots)
+            if spec.cot:
+                tokens = model.generate(frames, greedy=True)[0]
+                action = np.array([model.action_ids.index(int(t)) for t in tokens[:, ACT_POS]])
+            else:
+                action = model(frames)[0].argmax(-1).numpy()
+            reward, done, success, _, _, next_slots = envs.step(action)
+            if spec.cot:
+                obs_acc += slot_accuracy(tokens, slots_t, OBS_POS)[active].tolist()
+                pred_acc += slot_accuracy(tokens, torch.tensor(next_slots), PRED_POS)[active].tolist()
+            running += reward
+            for i in np.flatnonzero(done & active):
+                returns.append(running[i]), successes.append(float(success[i]))
+                running[i] = 0.0
+                if started >= cfg.eval_episodes:
+                    active[i] = False
+                started += 1
+    tags = _tag(cfg, spec)
+    metrics = {"success_rate": np.mean(successes), "mean_return": np.mean(returns)}
+    if spec.cot:
+        metrics.update(obs_slot_acc=np.mean(obs_acc), pred_slot_acc=np.mean(pred_acc))
+    if spec.cot and spec.beta > 0 and "glance" in state:
+        metrics["probe_ri_decay"] = revisit_probe(cfg, spec, model, state, seed)
+    return [{"metric": k, "value": float(v), "variant": arm, "seed": seed, **tags} for k, v in metrics.items()]

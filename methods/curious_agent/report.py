@@ -1,0 +1,104 @@
+"""Tables and plots of `icml curious-agent report`."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from icml.methods.curious_agent import METHOD
+from icml.methods.curious_agent.config import ARMS
+from icml.reports.plots import new_axes
+from icml.reports.tables import default_headline, metric_table
+
+FINAL = ["steps_to_first_success", "first_success_found", "coverage", "ri_novel_over_revisit"]
+EVAL = ["success_rate", "mean_return", "obs_slot_acc", "pred_slot_acc", "probe_ri_decay"]
+
+
+def _final(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[(frame["phase"] == "train") & (frame["experiment"] == "final")]
+
+
+def _curves(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[(frame["phase"] == "train") & (frame["experiment"] != "final")]
+
+
+def tables(frame: pd.DataFrame, config) -> list:
+    out = []
+    evaluated = frame[frame["phase"] == "eval"]
+    n_seeds = frame["seed"].nunique()
+    if not evaluated.empty:
+        out.append(metric_table(evaluated, f"Greedy evaluation — {config.env.id}", EVAL, METHOD.metrics,
+                                order=ARMS, note=f"mean ± sd over {n_seeds} seed(s), {config.eval_episodes} "
+                                                 "episodes each, env seeds disjoint from training"))
+    final = _final(frame)
+    if not final.empty:
+        out.append(metric_table(final, "Exploration during training", FINAL, METHOD.metrics, order=ARMS,
+                                note=f"reward_mode={config.reward_mode}; coverage = unique (x, y, dir) ÷ "
+                                     "4 × non-wall cells of the layouts seen"))
+    return out
+
+
+def headline(frame: pd.DataFrame) -> dict:
+    out = {}
+    for metric, rows in (("success_rate", frame[frame["phase"] == "eval"]), ("coverage", _final(frame)),
+                         ("steps_to_first_success", _final(frame))):
+        rows = rows[rows["metric"] == metric]
+        if not rows.empty:
+            out[metric] = rows.groupby("variant")["value"].mean().to_dict()
+    return out or default_headline(frame, METHOD.metrics)
+
+
+def _curve_plot(curves: pd.DataFrame, metric: str, title: str, ylabel: str, resets: bool = False):
+    figure, axis = new_axes(title, "environment steps", ylabel)
+    rows = curves[curves["metric"] == metric]
+    for variant in [v for v in ARMS if v in set(rows["variant"])]:
+        mean = rows[rows["variant"] == variant].groupby("step")["value"].mean()
+        line, = axis.plot(mean.index, mean.values, marker="o", ms=2, label=variant)
+        if resets:
+            marks = curves[(curves["metric"] == "projector_reset") & (curves["variant"] == variant)
+                           & (curves["value"] > 0)]["step"].unique()
+            for step in marks:
+                axis.axvline(step, color=line.get_color(), ls=":", lw=1)
+    axis.legend(fontsize=7)
+    return figure
+
+
+def _novelty_bars(final: pd.DataFrame):
+    figure, axis = new_axes("r^i on first visits ÷ r^i on revisits", "variant", "ratio")
+    rows = final[final["metric"] == "ri_novel_over_revisit"].groupby("variant")["value"].mean()
+    axis.bar(rows.index, rows.values)
+    axis.axhline(1.0, color="k", lw=1)
+    return figure
+
+
+def _heat_map(visits: pd.DataFrame, variant: str):
+    rows = visits[visits["variant"] == variant].groupby(["x", "y"])["count"].sum()
+    grid = np.zeros((rows.index.get_level_values("y").max() + 2, rows.index.get_level_values("x").max() + 2))
+    for (x, y), c in rows.items():
+        grid[y, x] = c
+    figure, axis = new_axes(f"visits of {variant} during training", "x", "y", size=(4.2, 4.2))
+    image = axis.imshow(np.log1p(grid), cmap="viridis")
+    figure.colorbar(image, ax=axis, label="log(1 + visits)")
+    return figure
+
+
+def plots(frame: pd.DataFrame, config, run=None) -> list:
+    out = []
+    curves = _curves(frame)
+    if not curves.empty:
+        out.append(("learning curves", _curve_plot(curves, "episode_return", "Training episode return",
+                                                   "mean return of finished episodes")))
+        out.append(("coverage", _curve_plot(curves, "coverage", f"Coverage ({config.reward_mode})",
+                                            "unique (x, y, dir) ÷ reachable")))
+        if "explore_loss" in set(curves["metric"]):
+            out.append(("curiosity", _curve_plot(curves, "explore_loss",
+                                                 "L_explore (dotted: projector resets)", "L_explore", resets=True)))
+        out.append(("slot accuracy", _curve_plot(curves, "pred_slot_acc", "<pred> slot accuracy (training)",
+                                                 "accuracy vs describer(o_t+1)")))
+    final = _final(frame)
+    if "ri_novel_over_revisit" in set(final["metric"]):
+        out.append(("novel vs revisit", _novelty_bars(final)))
+    visits = run.table("visits") if run is not None else None
+    if visits is not None and not visits.empty:
+        for variant in [v for v in ARMS if v in set(visits["variant"])]:
+            out.append((f"visits {variant}", _heat_map(visits, variant)))
+    return out

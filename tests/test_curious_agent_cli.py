@@ -1,0 +1,64 @@
+"""`icml curious-agent` end to end through the CLI at a test-sized smoke config: every arm's
+train and eval metrics land in metrics.parquet, the report renders, bad input fails in one line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from conftest import train_and_eval
+
+TINY = ["--preset", "smoke", "--set", "ppo.total_steps=32", "--set", "ppo.n_envs=2", "--set", "ppo.rollout=8",
+        "--set", "ppo.epochs=1", "--set", "warmup.transitions=16", "--set", "warmup.epochs=1",
+        "--set", "eval_episodes=2", "--set", "env.max_steps=6", "--set", "glance.reset_every=0.5",
+        "--set", "arms=ppo,ppo_rnd,vagen_lite,glance", "--seed", "3"]
+
+
+def test_train_eval_report_records_every_arm_and_metric(icml, tmp_path):
+    run = train_and_eval(icml, "curious-agent", *TINY)
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    train, evaluated = frame[frame["phase"] == "train"], frame[frame["phase"] == "eval"]
+    assert set(train["variant"]) == set(evaluated["variant"]) == {"ppo", "ppo_rnd", "vagen_lite", "glance"}
+    assert (train["split"] == "train").all() and (evaluated["split"] == "eval").all()
+    glance = train[train["variant"] == "glance"]
+    assert {"explore_loss", "intrinsic_reward_raw", "intrinsic_reward_norm", "projector_reset", "coverage",
+            "policy_entropy", "value_loss", "sps", "obs_slot_acc", "pred_slot_acc", "steps_to_first_success",
+            "first_success_found", "ri_novel_over_revisit"} <= set(glance["metric"])
+    resets = glance[glance["metric"] == "projector_reset"].sort_values("step")["value"].tolist()
+    assert resets == [0.0, 1.0]  # 2 updates, reset every 50%: before the second
+    assert "explore_loss" not in set(train.loc[train["variant"] == "vagen_lite", "metric"])
+    assert (glance["beta"] == 0.1).all() and (glance["env_id"] == "MiniGrid-DoorKey-5x5-v0").all()
+    assert {"success_rate", "mean_return"} <= set(evaluated.loc[evaluated["variant"] == "ppo", "metric"])
+    assert {"obs_slot_acc", "pred_slot_acc", "probe_ri_decay"} <= set(evaluated.loc[evaluated["variant"] == "glance", "metric"])
+    decay = evaluated.loc[evaluated["metric"] == "probe_ri_decay", "value"].iloc[0]
+    assert 0 <= decay < 1  # 20 alignment steps on one transition must lower its r^i
+    coverage = frame[(frame["metric"] == "coverage") & (frame["experiment"] == "final")]["value"]
+    assert ((coverage > 0) & (coverage <= 1)).all()
+    rnd = train[train["variant"] == "ppo_rnd"]
+    assert {"intrinsic_reward_raw", "intrinsic_reward_norm"} <= set(rnd["metric"])
+    for arm in ("ppo", "ppo_rnd", "vagen_lite", "glance"):
+        assert (run / "checkpoints" / arm / "seed3" / "agent.pt").exists()
+    assert (run / "visits.parquet").exists()
+    out = tmp_path / "r.html"
+    result = icml("curious-agent", "report", str(run), "--format", "html", "--out", str(out))
+    assert result.code == 0, result.err
+    html = out.read_text()
+    assert "Greedy evaluation" in html and "Exploration during training" in html
+    assert html.count("data:image/png;base64,") >= 6
+
+
+def test_bad_input_fails_in_one_line(icml):
+    for assignment, message in (("arms=ppo,nope", "unknown arm(s) ['nope']"),
+                                ("model.path=/nonexistent", "not implemented yet"),
+                                ("env.id=MiniGrid-Nope-v0", "env.id 'MiniGrid-Nope-v0' is not supported"),
+                                ("glance.ema_alpha=1.5", "glance.ema_alpha must be in [0, 1)"),
+                                ("reward_mode=dense", "reward_mode must be")):
+        result = icml("curious-agent", "train", "--preset", "smoke", "--set", assignment)
+        assert result.code == 2 and message in result.err and "Traceback" not in result.err, result.err
+
+
+def test_missing_checkpoint_is_reported(icml):
+    run = Path(icml("curious-agent", "train", *TINY[:-4], "--set", "arms=ppo", "--json").json()["run_dir"])
+    (run / "checkpoints" / "ppo" / "seed0" / "agent.pt").write_bytes(b"not a checkpoint")
+    result = icml("curious-agent", "eval", str(run))
+    assert result.code == 1 and "cannot be read" in result.err and "Traceback" not in result.err

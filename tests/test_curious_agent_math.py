@@ -1,0 +1,263 @@
+"""`icml curious-agent`: the GLANCE identities (EMA target, gradient routing, 2 − 2cos loss,
+projector reset, β = 0 ≡ vagen_lite), Bi-Level GAE's limiting case, KV-cached decoding and the describer."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from icml.methods.curious_agent.config import preset
+from icml.methods.curious_agent.env import CELLS, DOOR, GOAL, describe
+from icml.methods.curious_agent.model import CLOSE_PRED, SAMPLED, CoTAgent, explore_loss
+from icml.methods.curious_agent.ppo import Glance, arm_spec, bilevel_gae, gae, train_arm
+
+EPS64 = torch.finfo(torch.float64).eps
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def tiny_cfg():
+    cfg = preset("smoke")
+    cfg.ppo.total_steps, cfg.ppo.n_envs, cfg.ppo.rollout, cfg.ppo.epochs = 32, 2, 8, 1
+    cfg.env.max_steps = 10
+    return cfg
+
+
+def agent_and_glance(arm="glance", seed=0):
+    cfg = tiny_cfg()
+    torch.manual_seed(seed)
+    agent = CoTAgent()
+    return cfg, agent, Glance(agent, arm_spec(arm, cfg), cfg, seed)
+
+
+def turn_batch(agent, n=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    frames, next_frames = torch.rand(n, 3, 28, 28, generator=g), torch.rand(n, 3, 28, 28, generator=g)
+    tokens = agent.generate(frames, generator=g)[0]
+    return frames, next_frames, tokens
+
+
+def snapshot(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def test_explore_loss_is_two_minus_two_cosine():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50, 64, generator=g, dtype=torch.float64), torch.randn(50, 64, generator=g, dtype=torch.float64)
+    # a handful of roundings in the normalisation and a 64-term sum: 16 eps bounds the gap
+    torch.testing.assert_close(explore_loss(a, b), 2 - 2 * F.cosine_similarity(a, b, dim=-1), atol=16 * EPS64, rtol=0)
+    assert torch.allclose(explore_loss(3.0 * a, 0.5 * b), explore_loss(a, b), atol=16 * EPS64, rtol=0)  # scale-free
+    assert explore_loss(a, -a).sub(4).abs().max() < 16 * EPS64 and explore_loss(a, a).abs().max() < 16 * EPS64
+    a.requires_grad_(True), b.requires_grad_(True)
+    explore_loss(a, b).sum().backward()
+    assert b.grad is None and a.grad.abs().sum() > 0  # y is a stop-gradient target
+
+
+def test_ema_update_is_exact_and_target_frozen():
+    cfg, agent, glance = agent_and_glance()
+    target = glance.head.target
+    assert all(not p.requires_grad for p in target.parameters())
+    for phi, v in zip(target.parameters(), agent.vision.parameters()):
+        assert torch.equal(phi, v)  # φ starts at v
+    before, online_before = snapshot(target), snapshot(agent.vision)
+    frames, next_frames, tokens = turn_batch(agent)
+    hidden = agent.forward_turn(frames, tokens)[2]
+    glance.align(glance.loss(hidden, next_frames).mean())
+    online = snapshot(agent.vision)
+    alpha = cfg.glance.ema_alpha
+    for name, phi in snapshot(target).items():
+        assert not torch.equal(online[name], online_before[name])  # f_v learned
+        expected = alpha * before[name] + (1 - alpha) * online[name]
+        # mul then add in float32 vs the fused reference: at most one rounding each, 2 ulp of the size
+        torch.testing.assert_close(phi, expected, atol=2 * EPS32 * expected.abs().max().item(), rtol=0)
+        assert target.get_parameter(name).grad is None
+
+
+def test_no_ema_target_tracks_the_online_encoder_exactly():
+    _, agent, glance = agent_and_glance("glance_no_ema")
+    frames, next_frames, tokens = turn_batch(agent)
+    glance.align(glance.loss(agent.forward_turn(frames, tokens)[2], next_frames).mean())
+    for phi, v in zip(glance.head.target.parameters(), agent.vision.parameters()):
+        assert torch.equal(phi, v)  # α = 0: 0·φ + 1·v is exact
+
+
+def test_curiosity_loss_leaves_language_model_bit_identical():
+    _, agent, glance = agent_and_glance()
+    lm_before, vision_before, proj_before = (snapshot(m) for m in (agent.lm, agent.vision, glance.head.projector))
+    embed_before, head_before = snapshot(agent.embed), snapshot(agent.lm_head)
+    frames, next_frames, tokens = turn_batch(agent)
+    glance.align(glance.loss(agent.forward_turn(frames, tokens)[2], next_frames).mean())
+    for before, module in ((lm_before, agent.lm), (embed_before, agent.embed), (head_before, agent.lm_head)):
+        for name, value in module.state_dict().items():
+            assert torch.equal(value, before[name]), name
+    assert all(p.grad is None for p in agent.language_parameters())
+    assert any(not torch.equal(v, vision_before[k]) for k, v in agent.vision.state_dict().items())
+    assert any(not torch.equal(v, proj_before[k]) for k, v in glance.head.projector.state_dict().items())
+    # the routing ablation does move Λ_ℓ: the check above can fail
+    _, agent2, glance2 = agent_and_glance("glance_lm_grad")
+    lm2 = snapshot(agent2.lm)
+    glance2.align(glance2.loss(agent2.forward_turn(frames, tokens)[2], next_frames).mean())
+    assert any(not torch.equal(v, lm2[k]) for k, v in agent2.lm.state_dict().items())
+
+
+def test_loss_reaches_the_vision_encoder_through_the_language_model():
+    _, agent, glance = agent_and_glance()
+    frames, next_frames, tokens = turn_batch(agent)
+    grads = glance.gradients(glance.loss(agent.forward_turn(frames, tokens)[2], next_frames).mean())
+    n_vision = len(list(agent.vision.parameters()))
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[:n_vision])
+
+
+def test_reset_touches_only_the_projector_and_its_adam_moments():
+    _, agent, glance = agent_and_glance()
+    frames, next_frames, tokens = turn_batch(agent)
+    glance.align(glance.loss(agent.forward_turn(frames, tokens)[2], next_frames).mean())
+    kept = [snapshot(m) for m in (agent, glance.head.target)]
+    projector = snapshot(glance.head.projector)
+    normaliser = copy.deepcopy(glance.normaliser.__dict__)
+    vision_state = {id(p): copy.deepcopy(glance.optimiser.state[p]) for p in agent.vision.parameters()}
+    glance.reset_projector()
+    for before, module in zip(kept, (agent, glance.head.target)):
+        for name, value in module.state_dict().items():
+            assert torch.equal(value, before[name]), name
+    assert all(not torch.equal(v, projector[k]) for k, v in glance.head.projector.state_dict().items())
+    assert all(p not in glance.optimiser.state for p in glance.head.projector.parameters())
+    for p in agent.vision.parameters():
+        assert torch.equal(glance.optimiser.state[p]["exp_avg"], vision_state[id(p)]["exp_avg"])
+    assert np.array_equal(glance.normaliser.ret, normaliser["ret"]) and glance.normaliser.var == normaliser["var"]
+
+
+def test_projector_initialisation_and_reset_draw_nothing_from_the_policy_rng():
+    from icml.methods.curious_agent.model import Projector
+
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    projector = Projector(64, torch.Generator().manual_seed(1))
+    first = snapshot(projector)
+    projector.reinitialise()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(not torch.equal(v, first[k]) for k, v in projector.state_dict().items())  # a fresh draw
+    again = Projector(64, torch.Generator().manual_seed(1))
+    assert all(torch.equal(v, first[k]) for k, v in again.state_dict().items())  # from its seed alone
+
+
+def test_beta_zero_reproduces_the_exploitation_only_agent():
+    cfg = tiny_cfg()
+    cfg.glance.reset_every = 0.5  # two updates: a projector reset falls before the second
+    warm = CoTAgent().state_dict()
+    vagen_rows, vagen_state, _ = train_arm(cfg, "vagen_lite", 5, warm)
+    cfg.glance.beta = 0.0
+    glance_rows, glance_state, _ = train_arm(cfg, "glance", 5, warm)
+    values = lambda rows: [(r["metric"], r["step"], r["value"]) for r in rows if r["metric"] != "sps"]
+    assert values(vagen_rows) == values(glance_rows)
+    for name, value in vagen_state["model"].items():
+        assert torch.equal(value, glance_state["model"][name]), name
+    cfg.glance.beta = 0.1  # and β > 0 does change the run
+    assert values(train_arm(cfg, "glance", 5, warm)[0]) != values(vagen_rows)
+
+
+def test_bilevel_gae_with_unit_discounts_is_token_level_gae():
+    g = torch.Generator().manual_seed(0)
+    T, N, K = 7, 3, 13
+    rewards = torch.randn(T, N, generator=g, dtype=torch.float64)
+    values = torch.randn(T, N, K, generator=g, dtype=torch.float64)
+    dones = (torch.rand(T, N, generator=g) < 0.3).double()
+    last = torch.randn(N, generator=g, dtype=torch.float64)
+    bilevel = bilevel_gae(rewards, values, dones, last, 1.0, 1.0, 1.0)
+    # the flat token sequence: the turn reward on its last token, episode ends after it
+    flat_rewards = torch.zeros(T, K, N, dtype=torch.float64)
+    flat_rewards[:, -1] = rewards
+    flat_dones = torch.zeros(T, K, N, dtype=torch.float64)
+    flat_dones[:, -1] = dones
+    flat = gae(flat_rewards.reshape(T * K, N), values.permute(0, 2, 1).reshape(T * K, N),
+               flat_dones.reshape(T * K, N), last, 1.0, 1.0).reshape(T, K, N).permute(0, 2, 1)
+    # sums of at most T*K terms of unit size: T*K eps
+    torch.testing.assert_close(bilevel, flat, atol=T * K * EPS64 * 8, rtol=0)
+    # and the turn level alone is the ordinary GAE of the turn values
+    turn = bilevel_gae(rewards, values, dones, last, 0.9, 1.0, 0.8)
+    expected_last = gae(rewards, values[..., -1], dones, last, 0.9, 0.8)
+    torch.testing.assert_close(turn[..., -1], expected_last, atol=64 * EPS64, rtol=0)
+
+
+def test_cached_decoding_matches_the_teacher_forced_pass_and_h_is_causal():
+    torch.manual_seed(0)
+    agent = CoTAgent()
+    frames = torch.rand(5, 3, 28, 28)
+    tokens, logp, values, hidden = agent.generate(frames, generator=torch.Generator().manual_seed(0))
+    logits, full_values, full_hidden = agent.forward_turn(frames, tokens)
+    full_logp = logits.log_softmax(-1).gather(-1, tokens[:, SAMPLED, None]).squeeze(-1)
+    # float32, 2 layers of width 64 summed in a different order by the cache: 64 ulp
+    tol = 64 * EPS32
+    torch.testing.assert_close(hidden, full_hidden, atol=tol * 10, rtol=tol)
+    torch.testing.assert_close(logp, full_logp, atol=tol * 10, rtol=tol)
+    torch.testing.assert_close(values, full_values, atol=tol * 10, rtol=tol)
+    changed = tokens.clone()
+    changed[:, CLOSE_PRED + 2] = tokens[torch.arange(5).roll(1), CLOSE_PRED + 2]  # other actions
+    changed[:, CLOSE_PRED + 2] = torch.where(changed[:, CLOSE_PRED + 2] == tokens[:, CLOSE_PRED + 2],
+                                             agent.action_ids[0] + agent.action_ids[1] - tokens[:, CLOSE_PRED + 2],
+                                             changed[:, CLOSE_PRED + 2])
+    after = agent.forward_turn(frames, changed)[2]
+    assert torch.equal(after[:, CLOSE_PRED], full_hidden[:, CLOSE_PRED])  # h never sees the action
+    assert not torch.equal(after[:, CLOSE_PRED + 2], full_hidden[:, CLOSE_PRED + 2])
+
+
+def test_describer_reads_the_symbolic_view():
+    view = np.zeros((7, 7, 3), np.int64)
+    view[3, 5, 0] = CELLS.index("door")
+    view[3, 5, 2] = 2  # locked
+    view[2, 6, 0], view[4, 6, 0] = CELLS.index("wall"), CELLS.index("empty")
+    view[0, 0, 0] = CELLS.index("goal")
+    assert describe(view, None) == [CELLS.index("door"), CELLS.index("wall"), CELLS.index("empty"), 0,
+                                    DOOR.index("locked"), GOAL.index("visible")]
+    view[3, 5, 2], view[0, 0, 0] = 0, CELLS.index("unseen")
+    assert describe(view, None)[4:] == [DOOR.index("open"), GOAL.index("unseen")]
+
+
+def test_vision_only_ablation_ignores_the_language_query():
+    _, agent, glance = agent_and_glance("glance_vision_only")
+    frames, next_frames, tokens = turn_batch(agent)
+    hidden = agent.forward_turn(frames, tokens)[2]
+    actions = torch.tensor([1, 0, 2, 4, 3, 1])
+    loss = glance.loss(hidden, next_frames, frames, actions)
+    assert torch.equal(loss, glance.loss(torch.randn_like(hidden), next_frames, frames, actions))
+    assert not torch.equal(loss, glance.loss(hidden, next_frames, frames, actions.roll(1)))
+    lm = snapshot(agent.lm)
+    glance.align(loss.mean())
+    assert all(torch.equal(v, lm[k]) for k, v in agent.lm.state_dict().items())
+
+
+def test_running_statistics_merge_batches_exactly():
+    from icml.methods.curious_agent.ppo import RND, RunningStd
+
+    g = torch.Generator().manual_seed(0)
+    rnd = RND(64)
+    rnd.count = 0.0  # start empty so that the merged statistics are those of the concatenation
+    a, b = torch.rand(7, 3, 28, 28, generator=g), torch.rand(5, 3, 28, 28, generator=g)
+    rnd.update_stats(a), rnd.update_stats(b)
+    both = torch.cat([a, b])
+    # Chan's pairwise merge in float32 on values in [0, 1]: a few ulp
+    torch.testing.assert_close(rnd.mean, both.mean(0), atol=8 * EPS32, rtol=0)
+    torch.testing.assert_close(rnd.var, both.var(0, unbiased=False), atol=8 * EPS32, rtol=0)
+    assert all(not p.requires_grad for p in rnd.target.parameters())
+    norm = RunningStd(3, 0.99)
+    norm.count, norm.mean, norm.var = 0.0, 0.0, 0.0
+    r1, r2 = np.array([0.3, 0.1, 0.7]), np.array([0.2, 0.5, 0.4])
+    norm.normalise(r1)
+    out = norm.normalise(r2)
+    returns = np.concatenate([r1, 0.99 * r1 + r2])  # the discounted intrinsic returns seen so far
+    assert abs(norm.var - returns.var()) < 16 * np.finfo(np.float64).eps
+    np.testing.assert_allclose(out, r2 / np.sqrt(returns.var() + 1e-8), rtol=16 * np.finfo(np.float64).eps)
+
+
+def test_coverage_counts_visited_states_over_every_layout():
+    from icml.methods.curious_agent.env import GridEnvs
+
+    envs = GridEnvs("MiniGrid-DoorKey-5x5-v0", 2, 0, max_steps=6)  # many short episodes, many layouts
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        envs.step(rng.integers(0, 5, 2))
+    assert envs.episodes_started > 10
+    assert all((x, y) in envs.open_cells for x, y, _ in envs.visits)
+    assert 0 < envs.coverage() <= 1 and envs.coverage() == len(envs.visits) / (4 * len(envs.open_cells))
