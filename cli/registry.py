@@ -15,6 +15,7 @@ METHODS: dict[str, str] = {
     "belief-filter": "icml.methods.belief_filter",
     "curious-agent": "icml.methods.curious_agent",
     "diverse-init": "icml.methods.diverse_init",
+    "drive-world": "icml.methods.drive_world",
     "event-classify": "icml.methods.event_classify",
     "explain-vit": "icml.methods.explain_vit",
     "fgad": "icml.methods.fgad",

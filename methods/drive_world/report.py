@@ -1,0 +1,103 @@
+"""Tables and plots of `icml drive-world report`: generator metrics × variant, closed-loop metrics × policy ×
+start mode, open-loop ΔSim, endpoint gap vs latency, loss curves and the rollout distances."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from icml.reports.plots import new_axes
+from icml.reports.tables import Table, metric_table
+
+GEN = ["endpoint_gap_m", "route_length_m", "fd_connectivity", "fd_density", "fd_reach", "fd_convenience",
+       "nearest_dist_jsd", "lat_dev_jsd", "ang_dev_jsd", "length_jsd", "width_jsd", "speed_jsd",
+       "collision_rate_pct", "static_frac_err", "ms_per_tile"]
+LOOP = ["kin_violation_rate", "kin_cost_mean", "offroad_rate", "sim_collision_rate", "ttc_violation_rate",
+        "jerk_first_1s", "jerk_mean", "rollout_km", "rollout_success_1km"]
+ORDER = ["meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1", "meanflow_1_nogate", "vae_recon",
+         "idm", "deltasim_discrete", "deltasim_no_dkal", "deltasim", "deltasim_proj"]
+
+
+def _better():
+    from icml.methods.drive_world import METHOD
+    return METHOD.metrics
+
+
+def tables(frame: pd.DataFrame, config) -> list[Table]:
+    ev = frame[frame["phase"] == "eval"]
+    better = _better()
+    gen = ev[ev["metric"].isin(GEN)]
+    loop = ev[ev["metric"].isin(LOOP)]
+    return [metric_table(gen, "Generators (held-out tiles)", GEN, better, rows=["variant", "nfe"], order=ORDER),
+            metric_table(loop, "Closed-loop rollouts (policy × start mode)", LOOP, better,
+                         rows=["policy", "start_mode"]),
+            metric_table(ev, "ΔSim open loop", ["npc_token_acc", "npc_ade_m"], better, order=ORDER)]
+
+
+def plots(frame: pd.DataFrame, config, run=None) -> list:
+    ev = frame[frame["phase"] == "eval"]
+    figures = []
+    fig, ax = new_axes("Endpoint gap vs latency", "ms per tile (batch 1, CPU)", "endpoint gap (m)", xlog=True)
+    wide = ev[ev["metric"].isin(["endpoint_gap_m", "ms_per_tile"])].pivot_table(index="variant", columns="metric",
+                                                                                 values="value", aggfunc="first")
+    for variant, row in wide.iterrows():
+        if not (np.isfinite(row.get("ms_per_tile", np.nan)) and np.isfinite(row.get("endpoint_gap_m", np.nan))):
+            continue  # no successor edge decoded: no gap to place
+        ax.scatter(row.get("ms_per_tile"), row.get("endpoint_gap_m"))
+        ax.annotate(variant, (row.get("ms_per_tile"), row.get("endpoint_gap_m")), fontsize=8)
+    figures.append(("Endpoint gap vs latency", fig))
+    tr = frame[(frame["phase"] == "train") & (frame["metric"] == "loss")]
+    if not tr.empty:
+        fig, ax = new_axes("Training losses", "step", "loss", ylog=True)
+        for model, rows in tr.groupby("model"):
+            ax.plot(rows["step"], rows["value"].clip(lower=1e-6), label=model)
+        ax.legend(fontsize=7)
+        figures.append(("Loss curves", fig))
+    jerk = ev[ev["metric"] == "jerk_first_1s"]
+    if not jerk.empty:
+        fig, ax = new_axes("Early jerk, warm vs cold", "policy", "mean |Δa|/Δt over the first 1 s", ylog=True)
+        for mode, rows in jerk.groupby("start_mode"):
+            ax.plot(rows["policy"], rows["value"].clip(lower=1e-6), marker="o", label=mode)
+        ax.legend()
+        ax.tick_params(axis="x", labelrotation=20, labelsize=7)
+        figures.append(("Jerk warm vs cold", fig))
+    if run is not None:
+        figures += _gallery(run)
+    return figures
+
+
+EDGE_COLOURS = {2: "tab:blue", 3: "tab:green", 4: "tab:orange"}  # succ, left, right
+
+
+def _gallery(run) -> list:
+    """Decoded tiles: lanes (grey), successor / left / right edges between lane midpoints, agent boxes."""
+    import matplotlib.pyplot as plt
+
+    out = []
+    for variant in ("meanflow_1", "vae_recon"):
+        path = run.checkpoints / f"gallery_{variant}.npz"
+        if not path.exists():
+            continue
+        g = np.load(path)
+        fig, axes = plt.subplots(1, len(g["lanes"]), figsize=(3 * len(g["lanes"]), 3))
+        for i, ax in enumerate(np.atleast_1d(axes)):
+            L = int(g["lane_mask"][i].sum())
+            for j in range(L):
+                ax.plot(g["lanes"][i, j, :, 0], g["lanes"][i, j, :, 1], color="0.5", lw=1)
+            mid = g["lanes"][i, :L, g["lanes"].shape[2] // 2]
+            for a in range(L):
+                for b in range(L):
+                    colour = EDGE_COLOURS.get(int(g["edges"][i, a, b]))
+                    if colour:
+                        ax.plot([mid[a, 0], mid[b, 0]], [mid[a, 1], mid[b, 1]], color=colour, lw=0.6)
+            for x, y, _, c, s, length, width in g["agents"][i][g["agent_mask"][i]]:
+                corners = np.array([[1, 1], [1, -1], [-1, -1], [-1, 1], [1, 1]]) * [length / 2, width / 2]
+                rot = corners @ np.array([[c, s], [-s, c]]) / max(np.hypot(c, s), 1e-6)
+                ax.plot(x + rot[:, 0], y + rot[:, 1], color="tab:red", lw=0.8)
+            ax.set_aspect("equal")
+            ax.set_xlim(-32, 32)
+            ax.set_ylim(-32, 32)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        fig.suptitle(f"{variant} tiles (grey lanes; blue succ, green left, orange right; red agents)", fontsize=8)
+        out.append((f"Tile gallery {variant}", fig))
+    return out
