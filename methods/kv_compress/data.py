@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icml.cli.errors import UsageError
+from icml.data.text import SPECIAL, word_level_tokenizer
 
 KEYS = [f"k{i}" for i in range(40)]
 VALUES = [f"v{i}" for i in range(10)]
 FILLER = [f"f{i}" for i in range(30)]
 DIGITS = [str(i) for i in range(10)]
-SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
 VOCAB = SPECIAL + KEYS + VALUES + FILLER + DIGITS + [";", "?", "count", "magic", "="]
 CUE = "="
 
@@ -37,15 +37,8 @@ class Example:
 
 
 def build_tokenizer():
-    """Word-level PreTrainedTokenizerFast over VOCAB (whitespace split, `<bos>` prepended)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>")
+    """The word-level tokenizer over VOCAB (`data.text.word_level_tokenizer`)."""
+    return word_level_tokenizer(VOCAB)
 
 
 def _scatter(rng: random.Random, items: list[list[str]], length: int) -> list[str]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from icml.cli.errors import UsageError
+from icml.data.text import SPECIAL, word_level_tokenizer
 
-SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
 DIGITS = [str(d) for d in range(10)]
 WORDS = ["+", "-", "=", ";", "Q", "ans", "F", "wait", "hmm", "no", "previous", "wrong", "restart",
          "<think>", "</think>"]
@@ -47,15 +47,8 @@ class Trace:
 
 
 def build_tokenizer():
-    """Word-level PreTrainedTokenizerFast over VOCAB (whitespace split, `<bos>` prepended)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>")
+    """The word-level tokenizer over VOCAB (`data.text.word_level_tokenizer`)."""
+    return word_level_tokenizer(VOCAB)
 
 
 # ---------------------------------------------------------------------------------------------
