@@ -37,7 +37,7 @@ def test_frame_files_are_one_based_and_stop_at_the_first_gap(tmp_path):
     assert protocol.encode_frame(tmp_path / "frame_000003.jpg") == b"not an image"  # raw bytes on error
 
 
-def test_prompts_are_the_official_texts():
+def test_prompt_assembly():
     p = protocol.prompts()
     assert set(p) == {"qa", "judge", "keywords", "descriptions", "final"}
     assert protocol.qa_text("") == p["qa"]
@@ -47,6 +47,49 @@ def test_prompts_are_the_official_texts():
     assert protocol.final_text("", "REF").startswith(p["final"].split("{title}")[0])
     judged = protocol.judge_text({"analysis_1": "x"}, ["g1", "g2"])
     assert "{'analysis_1': 'x'}" in judged and "['g1', 'g2']" in judged  # Python str(), not JSON
+    # our prompts ask for what the official parser and judge parser read
+    assert '"analysis_dict"' in p["qa"] and "implicitly expressing" in p["qa"] and '"keywords"' in p["keywords"]
+    assert all(k in p["judge"] for k in ('"reasoning"', '"strict_score"', '"loose_score"'))
+
+
+def _fake_official_checkout(root, final='Analyse. {title}\nExamples {{"analysis_dict": {{}}}}\nREF {external_reference}'):
+    """The official repository's layout with stand-in strings (written here): three Python files."""
+    (root / "utlis").mkdir(parents=True)
+    (root / "utlis" / "eval_prompts.py").write_text('prompt = \\\n"""QA prompt"""\n')
+    (root / "b_1_get_score.py").write_text('import os\n\nprompt = \\\n"""J {model_analysis} | {golden_analysis} {{}}"""\n'
+                                           'if __name__ == "__main__":\n    raise SystemExit("never run")\n')
+    (root / "utlis" / "MetaphorVU_Boost.py").write_text(
+        f'PROMPT_EXTRACT_KEYWORDS = """K"""\nPROMPT_EXTRACT_DESCRIPTIONS = """D"""\nPROMPT_FINAL_ANALYSIS = """{final}"""\n'
+        'class MetaphorVU_Boost:\n    pass\n')
+    return root
+
+
+def test_prompts_from_an_official_checkout(tmp_path):
+    root = _fake_official_checkout(tmp_path / "MetaphorVU")
+    source = str(root)
+    p = protocol.prompts(source)
+    assert p == {"qa": "QA prompt", "judge": "J {model_analysis} | {golden_analysis} {{}}", "keywords": "K",
+                 "descriptions": "D", "final": 'Analyse. {title}\nExamples {{"analysis_dict": {{}}}}\nREF {external_reference}'}
+    assert protocol.qa_text("T", source) == "The video title is: TQA prompt"
+    assert protocol.judge_text({"a": 1}, ["g"], source) == "J {'a': 1} | ['g'] {}"
+    assert protocol.final_text("", "R", source) == 'Analyse. \nExamples {"analysis_dict": {}}\nREF R'
+    # a JSON file with the five keys is the other accepted source
+    (tmp_path / "p.json").write_text(json.dumps(p))
+    assert protocol.prompts(str(tmp_path / "p.json")) == p
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda root: (root / "b_1_get_score.py").unlink(), "cannot read"),
+    (lambda root: (root / "utlis" / "eval_prompts.py").write_text("other = 'x'\n"), "has no string 'prompt"),
+    (lambda root: (root / "utlis" / "MetaphorVU_Boost.py").write_text(
+        'PROMPT_EXTRACT_KEYWORDS = "K"\nPROMPT_EXTRACT_DESCRIPTIONS = "D"\nPROMPT_FINAL_ANALYSIS = "{title} only"\n'),
+     "has the slots ['title'], not ['external_reference', 'title']"),
+])
+def test_bad_prompt_sources_fail_in_one_line(tmp_path, break_it, message):
+    root = _fake_official_checkout(tmp_path / "MetaphorVU")
+    break_it(root)
+    with pytest.raises(protocol.UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        protocol.prompts(str(root))
 
 
 @pytest.mark.parametrize("text, expected", [

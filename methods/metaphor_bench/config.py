@@ -25,6 +25,7 @@ class MetaphorBenchConfig:
     model: str | None = None  # local HF image-text model; none: the tiny MLLM trained in `train`
     judge_model: str | None = None  # local HF causal LM for judge=llm
     judge: str = "rule"
+    prompts: str | None = None  # a checkout of the official MetaphorVU repo (or a JSON file); none: ours (README)
     # procedural benchmark
     n_train: int = 2000
     n_test_heldout: int = 200
@@ -82,10 +83,14 @@ def validate(cfg: MetaphorBenchConfig) -> None:
         raise ValueError("query_mode=descriptions needs model=PATH: the tiny MLLM is trained on keyword extraction only")
     if cfg.reference_mode not in REFERENCE_MODES:
         raise ValueError(f"reference_mode must be one of {', '.join(REFERENCE_MODES)}, not '{cfg.reference_mode}'")
-    for key in ("bench", "kg_json", "kg_emb", "embed_model", "model", "judge_model"):
+    for key in ("bench", "kg_json", "kg_emb", "embed_model", "model", "judge_model", "prompts"):
         value = getattr(cfg, key)
         if value and not Path(value).exists():
             raise ValueError(f"{key} '{value}' does not exist; pass an existing path or leave it unset")
+    if cfg.prompts:  # read and check the slots now: one line before anything runs
+        from icml.methods.metaphor_bench import protocol
+
+        protocol.prompts(cfg.prompts)
     if bool(cfg.kg_json) != bool(cfg.kg_emb):
         raise ValueError("kg_json and kg_emb go together (the graph and its node-embedding matrix)")
     if cfg.bench:

@@ -49,12 +49,14 @@ def rule_judge(analysis: dict, pairs: list[tuple[str, str]]) -> dict:
 class LLMJudge:
     """The official judge prompt on a local causal LM; up to `attempts` tries (greedy, then sampled)."""
 
-    def __init__(self, path: str, attempts: int = 5, max_new_tokens: int = 512, device: str = "cpu"):
+    def __init__(self, path: str, attempts: int = 5, max_new_tokens: int = 512, device: str = "cpu",
+                 prompts: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).to(device).eval()
         self.attempts, self.max_new_tokens, self.device = attempts, max_new_tokens, device
+        self.prompts = prompts  # where the judge prompt comes from (protocol.prompts)
 
     def _generate(self, prompt: str, attempt: int) -> str:
         import torch
@@ -72,7 +74,7 @@ class LLMJudge:
         return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
     def __call__(self, analysis: dict, golden_answers: list[str]) -> dict | None:
-        prompt = judge_text(analysis, golden_answers)
+        prompt = judge_text(analysis, golden_answers, self.prompts)
         value, _ = with_retries(lambda a: self._generate(prompt, a), parse_judgement, self.attempts)
         if value is None:
             return None

@@ -182,10 +182,13 @@ class HFResponder:
         self.records, self.max_images = records, ctx.config.max_images
         self.name = Path(ctx.config.model).name
         self.query_mode = ctx.config.query_mode  # keywords | descriptions: the extraction prompt
+        self.prompts = ctx.config.prompts
 
     def __call__(self, task, indices, titles, references, attempt):
-        texts = {"qa": lambda i: protocol.qa_text(titles[i]), "keywords": lambda i: protocol.prompts()[self.query_mode],
-                 "final": lambda i: protocol.final_text(titles[i], references[i])}[task]
+        source = self.prompts
+        texts = {"qa": lambda i: protocol.qa_text(titles[i], source),
+                 "keywords": lambda i: protocol.prompts(source)[self.query_mode],
+                 "final": lambda i: protocol.final_text(titles[i], references[i], source)}[task]
         return [self.model(texts(i), protocol.load_frames(self.records[i], self.max_images), attempt) for i in indices]
 
 
@@ -301,7 +304,8 @@ def evaluate(ctx) -> None:
         kg = KnowledgeGraph.load(*kg_paths)
         kgs = {"synthetic": kg, "random": kg.permuted(ctx.seed)}
         embed = _embedder(cfg)
-        judge = rule_judge if cfg.judge == "rule" else LLMJudge(cfg.judge_model, cfg.judge_attempts, device=ctx.device)
+        judge = rule_judge if cfg.judge == "rule" else LLMJudge(cfg.judge_model, cfg.judge_attempts, device=ctx.device,
+                                                                prompts=cfg.prompts)
         records_by_id = {r.video_id: r for r in records}
         items = []
         total = len(cfg.variants) * len(by_split)

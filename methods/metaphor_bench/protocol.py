@@ -1,8 +1,10 @@
 """The official MetaphorVU protocol: records, frame sampling, prompts, answer parsing, judge
 prompt and aggregation. Pure Python + PIL (no torch), so `score` and the tests stay light.
 
-The prompt strings are the benchmark's protocol data, shipped verbatim in official_prompts.json
-(extracted from the official utlis/eval_prompts.py, b_1_get_score.py and utlis/MetaphorVU_Boost.py).
+Prompts: `prompts.json` holds this workbench's own prompt texts, written here with the official ones'
+slots and answer formats (the official strings are another repository's prose, so they are not shipped).
+`prompts=DIR` reads the official strings from a user's checkout of the MetaphorVU repository, for numbers
+comparable with the paper's.
 """
 from __future__ import annotations
 
@@ -22,9 +24,70 @@ MAX_FRAME_INDEX = 998
 QUERY_TEMPLATE = "This is a scene description related to metaphor understanding: {}"
 
 
-@lru_cache(maxsize=1)
-def prompts() -> dict[str, str]:
-    return json.loads((Path(__file__).with_name("official_prompts.json")).read_text(encoding="utf-8"))
+PROMPT_KEYS = ("qa", "judge", "keywords", "descriptions", "final")
+# Where each prompt lives in the official repository: (file, module-level variable).
+OFFICIAL_PROMPT_SOURCES = {"qa": ("utlis/eval_prompts.py", "prompt"), "judge": ("b_1_get_score.py", "prompt"),
+                           "keywords": ("utlis/MetaphorVU_Boost.py", "PROMPT_EXTRACT_KEYWORDS"),
+                           "descriptions": ("utlis/MetaphorVU_Boost.py", "PROMPT_EXTRACT_DESCRIPTIONS"),
+                           "final": ("utlis/MetaphorVU_Boost.py", "PROMPT_FINAL_ANALYSIS")}
+# The format slots of the two prompts filled with str.format (the official ones have exactly these); the
+# other three are used as they are (their JSON braces are literal).
+PROMPT_SLOTS = {"judge": {"model_analysis", "golden_analysis"}, "final": {"title", "external_reference"}}
+
+
+def _string_constant(path: Path, name: str) -> str:
+    """The string assigned to module-level `name` in a Python file, read with ast (nothing is executed)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path} ({type(exc).__name__})",
+                         "pass prompts=DIR, a checkout of the official MetaphorVU repository") from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    raise UsageError(f"{path} has no string '{name} = \"\"\"…\"\"\"'",
+                     "pass a checkout of the official MetaphorVU repository (its prompts moved or were renamed)")
+
+
+def _slots(text: str) -> set[str]:
+    import string
+
+    return {field for _, field, _, _ in string.Formatter().parse(text) if field is not None}
+
+
+@lru_cache(maxsize=4)
+def prompts(source: str | None = None) -> dict[str, str]:
+    """The five prompt texts: ours (`prompts.json`) when `source` is empty, else read from `source`, a
+    checkout of the official repository (its three Python files) or a JSON file with the five keys."""
+    if not source:
+        texts = json.loads(Path(__file__).with_name("prompts.json").read_text(encoding="utf-8"))
+    elif Path(source).is_dir():
+        texts = {key: _string_constant(Path(source) / file, name)
+                 for key, (file, name) in OFFICIAL_PROMPT_SOURCES.items()}
+    else:
+        try:
+            texts = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"prompts file '{source}' cannot be read as JSON ({type(exc).__name__})",
+                             f"pass a JSON object with the keys {', '.join(PROMPT_KEYS)}, or the official "
+                             "repository's folder") from None
+        if not isinstance(texts, dict) or set(texts) != set(PROMPT_KEYS) \
+                or not all(isinstance(v, str) for v in texts.values()):
+            raise UsageError(f"prompts file '{source}' must map exactly {', '.join(PROMPT_KEYS)} to strings",
+                             "fix the file, or pass the official repository's folder")
+    for key, slots in PROMPT_SLOTS.items():
+        try:
+            found = _slots(texts[key])
+        except ValueError as exc:  # unbalanced braces
+            raise UsageError(f"prompt '{key}' from {source or 'prompts.json'} is not a format string ({exc})",
+                             "double the literal braces ({{ }}) as the official prompts do") from None
+        if found != slots:
+            raise UsageError(f"prompt '{key}' from {source or 'prompts.json'} has the slots {sorted(found)}, "
+                             f"not {sorted(slots)}", "use the official prompts' slots")
+    return texts
 
 
 # records -------------------------------------------------------------------------------------------------
@@ -119,18 +182,19 @@ def load_frames(record: Record, max_images: int) -> list[bytes]:
 
 
 # prompts -------------------------------------------------------------------------------------------------
-def qa_text(title: str) -> str:
+def qa_text(title: str, source: str | None = None) -> str:
     """The official QA text: the title sentence glued to the prompt without a separator."""
-    return ("The video title is: " + title + prompts()["qa"]) if title != "" else prompts()["qa"]
+    prompt = prompts(source)["qa"]
+    return ("The video title is: " + title + prompt) if title != "" else prompt
 
 
-def final_text(title: str, reference: str) -> str:
-    return prompts()["final"].format(external_reference=reference,
-                                     title=f"The video title is: {title}" if title else "")
+def final_text(title: str, reference: str, source: str | None = None) -> str:
+    return prompts(source)["final"].format(external_reference=reference,
+                                           title=f"The video title is: {title}" if title else "")
 
 
-def judge_text(analysis_dict: dict, golden_answers: list[str]) -> str:
-    return prompts()["judge"].format(model_analysis=str(analysis_dict), golden_analysis=str(golden_answers))
+def judge_text(analysis_dict: dict, golden_answers: list[str], source: str | None = None) -> str:
+    return prompts(source)["judge"].format(model_analysis=str(analysis_dict), golden_analysis=str(golden_answers))
 
 
 # parsing -------------------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ Pred = Annotated[Path, typer.Option("--pred", help="Predictions: JSON lines with
 JudgeName = Annotated[str, typer.Option("--judge", help="rule (needs gold_ids.jsonl) | llm (needs --judge-model).")]
 JudgeModel = Annotated[Optional[Path], typer.Option("--judge-model", help="Local HF causal LM for --judge llm.",
                                                     show_default=False)]
+Prompts = Annotated[Optional[Path], typer.Option("--prompts", help="The official MetaphorVU checkout (or a JSON "
+                                                 "file) to take the judge prompt from; default: ours.",
+                                                 show_default=False)]
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +47,7 @@ def register(app: typer.Typer) -> None:
     @app.command("score")
     @guarded
     def score_command(bench: Bench, pred: Pred, judge: JudgeName = "rule", judge_model: JudgeModel = None,
-                      json_: Json = False, quiet: Quiet = False, debug: Debug = False):
+                      prompts: Prompts = None, json_: Json = False, quiet: Quiet = False, debug: Debug = False):
         """Judge an existing official-format prediction file and print the official aggregation."""
         import json
 
@@ -61,7 +64,9 @@ def register(app: typer.Typer) -> None:
         records = {r.video_id: r for r in protocol.load_bench(bench)}
         if judge == "rule" and not any(r.gold for r in records.values()):
             raise UsageError(f"'{bench}' has no gold_ids.jsonl for the rule judge", "use --judge llm --judge-model PATH")
-        scorer = LLMJudge(str(judge_model)) if judge == "llm" else None
+        if prompts is not None:
+            protocol.prompts(str(prompts))  # a bad source fails here, before any model loads
+        scorer = LLMJudge(str(judge_model), prompts=str(prompts) if prompts else None) if judge == "llm" else None
         items = []
         for number, line in enumerate(pred.read_text(encoding="utf-8").splitlines(), 1):
             if not line.strip():
