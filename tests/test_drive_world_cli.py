@@ -12,7 +12,7 @@ from conftest import invoke
 TINY = ["--preset", "smoke", "--set", "data.n_tiles=16", "--set", "data.eval_tiles=6", "--set", "vae.steps=3",
         "--set", "dit.steps=2", "--set", "sim.steps=3", "--set", "eval_samples=4", "--set", "latency_repeats=1",
         "--set", "rollout.km=0.02", "--set", "dit.batch_size=4", "--set", "vae.batch_size=4",
-        "--set", "sim.batch_size=16", "--set", "sim.vocab=32"]
+        "--set", "sim.batch_size=16", "--set", "sim.vocab=32", "--set", "toy.steps=2", "--set", "toy.samples=16"]
 GENERATORS = {"meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1", "meanflow_1_nogate", "vae_recon"}
 POLICIES = {"idm", "deltasim_discrete", "deltasim_no_dkal", "deltasim", "deltasim_proj"}
 
@@ -43,6 +43,8 @@ def test_every_variant_and_metric(tiny_run):
     assert set(ev.loc[ev["metric"] == "npc_token_acc", "variant"]) == POLICIES - {"idm"}
     assert set(frame["metric"]) <= set(METHOD.metrics)
     assert set(ev.loc[ev["variant"] == "flow_heun24", "nfe"]) == {48}
+    toy = ev[ev["metric"] == "toy_energy_distance"]
+    assert set(toy["variant"]) == {"meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1"} and toy["value"].notna().all()
     # the exact projection leaves no executed NPC step with a positive kinematic cost
     proj = loop[(loop["policy"] == "deltasim_proj") & loop["metric"].isin(["kin_violation_rate", "kin_cost_mean"])]
     assert len(proj) == 4 and (proj["value"] == 0).all()
@@ -60,11 +62,62 @@ def test_report_json_and_html(tiny_run, tmp_path):
     assert result.code == 0, result.err
     html = out.read_text()
     assert "Generators (held-out tiles)" in html and "Closed-loop rollouts" in html
-    assert html.count("data:image/png;base64,") == 5  # gap vs latency, losses, jerk, 2 tile galleries
+    assert "8-Gaussian toy" in html
+    assert "Rollout trajectories" in html
+    assert html.count("data:image/png;base64,") == 7  # gap vs latency, losses, jerk, toy, rollouts, 2 galleries
 
 
 def test_bad_inputs(tmp_path):
     for setting, message in (("stages=[vae,fly]", "unknown stage 'fly'"), ("dit.r_equals_t=2", "dit.r_equals_t must be in"),
                              ("rollout.km=0", "rollout.km must be > 0"), ("dit.lane_d=50", "divisible")):
         result = invoke("drive-world", "train", "--set", setting, "--runs-dir", tmp_path)
+        assert result.code == 2 and message in result.err and "Traceback" not in result.err, (setting, result.err)
+
+
+def test_generate_tiles_and_rollout(tiny_run, tmp_path):
+    import numpy as np
+
+    runs, run = tiny_run
+    out, png = tmp_path / "tiles.npz", tmp_path / "tiles.png"
+    result = invoke("drive-world", "generate", run, "--runs-dir", runs, "--what", "tiles", "--variant", "meanflow_1",
+                    "--n", "3", "--out", out, "--png", png, "--json")
+    assert result.code == 0, result.err
+    tiles = np.load(out)
+    assert tiles["lanes"].shape[0] == 3 and tiles["edges"].shape[1:] == tiles["edges"].shape[1:][::-1]
+    assert png.stat().st_size > 0 and result.json()["tiles"] == 3
+    out = tmp_path / "rollout.npz"
+    result = invoke("drive-world", "generate", run, "--runs-dir", runs, "--what", "rollout", "--variant", "deltasim_proj",
+                    "--out", out, "--json")
+    assert result.code == 0, result.err
+    info, trace = result.json(), np.load(out)
+    assert info["kin_violation_rate"] == 0 and trace["ego"].shape[1] == 3
+    assert trace["npc_len"].sum() == len(trace["npc"])
+    # the ego path runs the reported distance
+    assert abs(np.linalg.norm(np.diff(trace["ego"][:, :2], axis=0), axis=1).sum() / 1000 - info["km"]) < 1e-9
+    for args, message in ((["--what", "cars"], "--what must be"), (["--variant", "idm"], "not a tile variant"),
+                          (["--out", "x.csv"], "must end in .npz")):
+        result = invoke("drive-world", "generate", run, "--runs-dir", runs, *args)
+        assert result.code == 2 and message in result.err and "Traceback" not in result.err, (args, result.err)
+
+
+def test_data_dir_trains_on_user_tiles_through_the_same_path(tmp_path):
+    import numpy as np
+
+    from icml.methods.drive_world import scenario_dreamer
+    from icml.methods.drive_world.config import preset
+    from icml.methods.drive_world.world import make_tiles
+
+    cfg = preset("smoke").data
+    tiles = make_tiles(cfg, 10, 123, 0.3)
+    scenario_dreamer.write_dir(tiles, tmp_path / "user")
+    runs = tmp_path / "runs"
+    result = invoke("drive-world", "train", *TINY, "--set", f"data.data_dir={tmp_path / 'user'}",
+                    "--runs-dir", runs, "--json")
+    assert result.code == 0, result.err
+    cached = np.load(f"{result.json()['run_dir']}/checkpoints/tiles.npz")
+    # the last 10 // 5 = 2 files are held out; the rest train; arrays identical to the generated ones
+    assert np.array_equal(cached["train_lanes"], tiles["lanes"][:8]) and np.array_equal(cached["held_edges"], tiles["edges"][8:])
+    for setting, message in ((f"data.data_dir={tmp_path / 'nowhere'}", "is not a directory"),
+                             (f"data.data_dir={runs}", "holds no *.pkl")):
+        result = invoke("drive-world", "train", "--set", setting, "--runs-dir", runs)
         assert result.code == 2 and message in result.err and "Traceback" not in result.err, (setting, result.err)

@@ -19,11 +19,12 @@ METHOD = Method(
     metrics={"endpoint_gap_m": LOWER, "route_length_m": None, "fd_connectivity": LOWER, "fd_density": LOWER,
              "fd_reach": LOWER, "fd_convenience": LOWER, "nearest_dist_jsd": LOWER, "lat_dev_jsd": LOWER,
              "ang_dev_jsd": LOWER, "length_jsd": LOWER, "width_jsd": LOWER, "speed_jsd": LOWER,
-             "collision_rate_pct": LOWER, "static_frac_err": LOWER, "ms_per_tile": LOWER,
+             "collision_rate_pct": LOWER, "static_frac_err": LOWER, "ms_per_tile": LOWER, "toy_energy_distance": LOWER,
              "npc_token_acc": HIGHER, "npc_ade_m": LOWER, "kin_violation_rate": LOWER, "kin_cost_mean": LOWER,
              "offroad_rate": LOWER, "sim_collision_rate": LOWER, "ttc_violation_rate": LOWER,
              "jerk_first_1s": LOWER, "jerk_mean": LOWER, "rollout_km": HIGHER, "rollout_success_1km": HIGHER,
              "loss": LOWER, "wall_s": LOWER},
+    extra_verbs=True,
     variants=("meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1", "meanflow_1_nogate", "vae_recon",
               "idm", "deltasim_discrete", "deltasim_no_dkal", "deltasim", "deltasim_proj"),
 )

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STAGES = ("vae", "dit", "sim")
+STAGES = ("vae", "dit", "sim", "toy")
 GENERATORS = ("meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1", "meanflow_1_nogate", "vae_recon")
 POLICIES = ("idm", "deltasim_discrete", "deltasim_no_dkal", "deltasim", "deltasim_proj")
 
@@ -20,6 +20,7 @@ class DataConfig:
     partition_frac: float = 0.3  # training tiles that carry a random partition (outpainting)
     parked_frac: float = 0.2
     history_s: float = 3.0
+    data_dir: str = ""  # user tiles (Scenario-Dreamer *.pkl) instead of generated ones: scenario_dreamer.py
 
 
 @dataclass
@@ -68,6 +69,7 @@ class SimConfig:
     lr: float = 1e-3
     dkal: float = 0.05
     dkal_beta: float = 1.0
+    dkal_cost_cap: float = 10.0  # [S] token costs capped inside DKAL (deltasim.policy_loss; README)
     avoid_beta: float = 2.0
     avoid_margin: float = 0.2
     a_max: float = 6.0
@@ -86,6 +88,16 @@ class RolloutConfig:
 
 
 @dataclass
+class ToyConfig:
+    """The 2-D 8-Gaussian toy: the scene MeanFlow / flow code on one 2-D node (dit.* sampling keys shared)."""
+    steps: int = 1000
+    batch_size: int = 256
+    hidden: int = 128
+    lr: float = 1e-3
+    samples: int = 1000  # generated points scored per variant
+
+
+@dataclass
 class DriveWorldConfig:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     data: DataConfig = field(default_factory=DataConfig)
@@ -93,6 +105,7 @@ class DriveWorldConfig:
     dit: DiTConfig = field(default_factory=DiTConfig)
     sim: SimConfig = field(default_factory=SimConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    toy: ToyConfig = field(default_factory=ToyConfig)
     eval_samples: int = 64  # generated tiles scored per generator variant
     latency_repeats: int = 10
 
@@ -107,6 +120,12 @@ def preset(name: str) -> DriveWorldConfig:
         cfg.vae.batch_size, cfg.dit.batch_size, cfg.sim.batch_size = 8, 4, 64  # the 60 s budget
         cfg.rollout.n, cfg.rollout.km, cfg.rollout.agents = 1, 0.2, 4
         cfg.eval_samples, cfg.latency_repeats = 8, 2
+        cfg.toy.steps, cfg.toy.samples = 100, 256
+    elif name == "default":  # calibrated to < 15 min of CPU on 2 cores (README: Default preset; cuts vs the spec)
+        cfg.vae.steps = 600
+        cfg.dit.steps, cfg.dit.batch_size = 400, 16  # MeanFlow step 0.37 CPU s at batch 16 (forward + JVP + backward)
+        cfg.sim.steps = 600
+        cfg.rollout.n = 1  # 1 km per policy × start mode (spec: 20)
     elif name == "paper":
         cfg.vae.d, cfg.vae.blocks, cfg.vae.steps, cfg.vae.lane_latent, cfg.vae.agent_latent = 768, 3, 85_000, 24, 18
         cfg.dit.lane_d, cfg.dit.agent_d, cfg.dit.steps, cfg.dit.heads, cfg.dit.blocks = 2048, 512, 165_000, 16, 3
@@ -122,6 +141,7 @@ def validate(cfg: DriveWorldConfig) -> None:
     for key, value in (("data.n_tiles", cfg.data.n_tiles), ("data.eval_tiles", cfg.data.eval_tiles),
                        ("vae.steps", cfg.vae.steps), ("dit.steps", cfg.dit.steps), ("sim.steps", cfg.sim.steps),
                        ("sim.vocab", cfg.sim.vocab), ("rollout.n", cfg.rollout.n), ("eval_samples", cfg.eval_samples),
+                       ("toy.steps", cfg.toy.steps), ("toy.batch_size", cfg.toy.batch_size),
                        ("data.max_lanes", cfg.data.max_lanes), ("data.max_agents", cfg.data.max_agents)):
         if value < 1:
             raise ValueError(f"{key} must be ≥ 1 (got {value})")
@@ -130,6 +150,18 @@ def validate(cfg: DriveWorldConfig) -> None:
                        ("data.parked_frac", cfg.data.parked_frac)):
         if not 0 <= value <= 1:
             raise ValueError(f"{key} must be in [0, 1] (got {value})")
+    if cfg.data.data_dir:
+        from pathlib import Path
+
+        if not Path(cfg.data.data_dir).is_dir():
+            raise ValueError(f"data.data_dir {cfg.data.data_dir} is not a directory; pass a folder of Scenario-Dreamer "
+                             "*.pkl tiles")
+        if not any(Path(cfg.data.data_dir).glob("*.pkl")):
+            raise ValueError(f"data.data_dir {cfg.data.data_dir} holds no *.pkl tiles (Scenario-Dreamer format)")
+    if cfg.toy.samples < 2:
+        raise ValueError(f"toy.samples must be ≥ 2 for the energy distance (got {cfg.toy.samples})")
+    if cfg.sim.dkal_cost_cap <= 0:
+        raise ValueError(f"sim.dkal_cost_cap must be > 0 (got {cfg.sim.dkal_cost_cap}); use inf for uncapped costs")
     if cfg.rollout.km <= 0:
         raise ValueError(f"rollout.km must be > 0 (got {cfg.rollout.km})")
     for name, d in (("vae.d", cfg.vae.d), ("dit.lane_d", cfg.dit.lane_d), ("dit.agent_d", cfg.dit.agent_d)):

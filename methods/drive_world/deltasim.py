@@ -140,9 +140,19 @@ class NPCPolicy(nn.Module):
         return logits, delta
 
 
-def policy_loss(policy, feats, target, speed, vocab, dkal_coef: float, beta: float):
-    """CE + 0.2·Huber_0.1(δ − (Δ_gt − V[k_gt])) (w_xy 1, w_yaw 0.3) + coef·DKAL, DKAL = mean_k((ℓ_k − ℓ̄) +
-    β(C_k − C̄))² with the token costs C at the agent's speed, detached."""
+def dkal_term(logits: torch.Tensor, cost: torch.Tensor, beta: float) -> torch.Tensor:
+    """DKAL = mean over rows and tokens of ((ℓ_k − ℓ̄) + β(C_k − C̄))², the costs detached."""
+    cost = cost.detach()
+    centred = (logits - logits.mean(-1, keepdim=True)) + beta * (cost - cost.mean(-1, keepdim=True))
+    return (centred ** 2).mean()
+
+
+def policy_loss(policy, feats, target, speed, vocab, dkal_coef: float, beta: float, cost_cap: float = float("inf")):
+    """CE + 0.2·Huber_0.1(δ − (Δ_gt − V[k_gt])) (w_xy 1, w_yaw 0.3) + coef·DKAL with the token costs C at the
+    agent's speed, capped at `cost_cap` [S]: a token costing more than the cap already has probability
+    ≤ e^(−β·cap) relative to a feasible one under aligned logits, so matching its logit to −C ≈ −10³ (the
+    official normalised costs reach that at speed) changes no probability but, uncapped, makes DKAL ~10⁴× the
+    CE term and drowns it at CPU step counts (README: DKAL scaling)."""
     k_gt = torch.as_tensor(corner_error(target.numpy(), vocab.numpy()).argmin(1))
     logits, delta = policy(feats, k_gt)
     loss = F.cross_entropy(logits, k_gt)
@@ -152,7 +162,6 @@ def policy_loss(policy, feats, target, speed, vocab, dkal_coef: float, beta: flo
         w = torch.tensor([1.0, 1.0, 0.3])
         loss = loss + 0.2 * (F.huber_loss(delta, resid, delta=0.1, reduction="none") * w).sum(-1).mean()
     if dkal_coef > 0:
-        cost = token_cost(vocab[None], speed[:, None]).detach()
-        centred = (logits - logits.mean(-1, keepdim=True)) + beta * (cost - cost.mean(-1, keepdim=True))
-        loss = loss + dkal_coef * (centred ** 2).mean()
+        cost = token_cost(vocab[None], speed[:, None]).clamp(max=cost_cap)
+        loss = loss + dkal_coef * dkal_term(logits, cost, beta)
     return loss, acc

@@ -185,8 +185,11 @@ def vae_loss(vae: GatedVAE, batch: dict, half: float, generator=None) -> tuple[t
 
 
 def sinusoidal(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Raw t or h ∈ [0, 1] (as officially), frequencies geometric in [1, 1000]."""
-    freqs = torch.exp(torch.linspace(0, math.log(1000.0), dim // 2))
+    """Raw t or h ∈ [0, 1] with the DiT frequencies exp(−ln(10⁴)·i/half) ∈ (10⁻⁴, 1], as officially: the
+    embedding is smooth in t, so ∂_t u (the MeanFlow JVP) stays O(1); frequencies up to 10³ made the
+    (t − r)·∂_t u target blow up (README)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float64) / half).to(x.dtype)
     angles = x[:, None] * freqs
     return torch.cat([angles.sin(), angles.cos()], -1)
 

@@ -10,7 +10,7 @@ import torch
 
 from icml.cli.threads import single_thread
 
-from . import deltasim, evaluation, meanflow, rollout
+from . import deltasim, evaluation, meanflow, rollout, toy
 from .config import POLICIES
 from .models import EGRDiT, GatedVAE, denormalise_agents, normalise, vae_loss
 from .world import make_tiles
@@ -56,8 +56,21 @@ def _data(ctx):
         held = {k[5:]: z[k] for k in z.files if k.startswith("held_")}
         return train, held
     d = ctx.config.data
-    train = make_tiles(d, d.n_tiles, 1000 * ctx.seed + 1, d.partition_frac)
-    held = make_tiles(d, d.eval_tiles, 1000 * ctx.seed + 500_001, 0.0)  # other world seeds
+    if d.data_dir:  # user tiles: the last share (by file name) is held out; n_tiles / eval_tiles cap the splits
+        from icml.cli.errors import IcmlError
+
+        from .scenario_dreamer import load_dir
+
+        tiles = load_dir(d.data_dir, d)
+        n = len(tiles["label"])
+        if n < 2:
+            raise IcmlError(f"data.data_dir {d.data_dir}: {n} tile; need ≥ 2 (train and held-out)")
+        n_held = min(d.eval_tiles, max(1, n // 5))
+        train = {k: v[:n - n_held][:d.n_tiles] for k, v in tiles.items()}
+        held = {k: v[n - n_held:] for k, v in tiles.items()}
+    else:
+        train = make_tiles(d, d.n_tiles, 1000 * ctx.seed + 1, d.partition_frac)
+        held = make_tiles(d, d.eval_tiles, 1000 * ctx.seed + 500_001, 0.0)  # other world seeds
     np.savez_compressed(path, **{f"train_{k}": v for k, v in train.items()}, **{f"held_{k}": v for k, v in held.items()})
     return train, held
 
@@ -132,10 +145,23 @@ def train(ctx) -> None:
                     state["i"] += 1
                     coef = cfg.sim.dkal * min(1.0, state["i"] / max(cfg.sim.steps / 2, 1)) if dkal else 0.0  # annealed in
                     f = {k: v[idx] for k, v in feats.items()}
-                    loss, _ = deltasim.policy_loss(policy, f, target[idx], speed[idx], vocab, coef, cfg.sim.dkal_beta)
+                    loss, _ = deltasim.policy_loss(policy, f, target[idx], speed[idx], vocab, coef, cfg.sim.dkal_beta,
+                                                     cfg.sim.dkal_cost_cap)
                     return loss, loss.item()
                 _fit(ctx, policy, step, cfg.sim.steps, cfg.sim.lr, name, m, cfg.sim.batch_size)
                 torch.save(policy.state_dict(), ctx.checkpoints / f"sim_{name}.pt")
+        for mode in ("meanflow", "flow"):  # the 8-Gaussian toy, same MeanFlow / flow-matching code
+            path = ctx.checkpoints / f"toy_{mode}.pt"
+            if not _todo(ctx, "toy", path):
+                continue
+            torch.manual_seed(ctx.seed)
+            net = toy.ToyNet(cfg.toy.hidden)
+
+            def toy_step(idx, g, net=net, mode=mode):
+                loss, raw = toy.toy_loss(net, toy.mixture(len(idx), g), cfg.dit, mode, g)
+                return loss, raw.item()
+            _fit(ctx, net, toy_step, cfg.toy.steps, cfg.toy.lr, f"toy_{mode}", 1, cfg.toy.batch_size)
+            torch.save(net.state_dict(), path)
 
 
 def _vae_step(vae, tiles, idx, half, gen):
@@ -232,8 +258,31 @@ def evaluate(ctx) -> None:
                         rel_gate=str(dit_name != "meanflow_nogate" if dit_name else "n/a"))
             rows += [dict(metric=k, value=float(v), **tags) for k, v in scores.items()]
         ctx.record(rows)
+        _toy_eval(ctx)
         _open_loop(ctx, models)
         _closed_loop(ctx, models)
+
+
+def load_toy(ctx) -> dict:
+    nets = {}
+    for mode in ("meanflow", "flow"):
+        nets[mode] = toy.ToyNet(ctx.config.toy.hidden)
+        nets[mode].load_state_dict(torch.load(ctx.checkpoints / f"toy_{mode}.pt"))
+        nets[mode].eval()
+    return nets
+
+
+def _toy_eval(ctx) -> None:
+    """toy_energy_distance per sampler; the samples go to the report's scatter plot."""
+    cfg = ctx.config
+    scores, samples = toy.toy_scores(load_toy(ctx), cfg.toy.samples, cfg.dit.clamp, ctx.seed)
+    np.savez_compressed(ctx.checkpoints / "toy_samples.npz", **samples)
+    rows = []
+    for variant, value in scores.items():
+        _, solver, steps = toy.TOY_VARIANTS[variant]
+        rows.append(dict(metric="toy_energy_distance", value=value, variant=variant, model="toy",
+                         nfe=steps * (2 if solver == "heun" else 1), solver=solver, cfg_scale=0.0))
+    ctx.record(rows)
 
 
 def _latency(models, variant, held, repeats) -> float:
@@ -282,6 +331,8 @@ def _closed_loop(ctx, models) -> None:
                 res = rollout.run_rollout(10_000 * ctx.seed + i, policy_name, models.policies.get(policy_name),
                                           models.vocab, mode, cfg, spawn)
                 results.append(res)
+                if i == 0 and policy_name in ("deltasim_discrete", "deltasim_proj") and mode == "warm":
+                    save_trace(ctx.checkpoints / f"trace_{policy_name}.npz", res)
                 table.append(dict(run_id=ctx.run.path.name, rollout_id=i, policy=policy_name, start_mode=mode,
                                   km=res["km"], end_reason=res["end_reason"], n_tiles=res["n_tiles"]))
             tags = dict(variant=policy_name, policy=policy_name, start_mode=mode)
@@ -293,6 +344,13 @@ def _closed_loop(ctx, models) -> None:
                              value=float(np.mean([r["end_reason"] == "distance" for r in results])), **tags))
     ctx.record(rows)
     ctx.write_table("rollouts", pd.DataFrame(table))
+
+
+def save_trace(path, res) -> None:
+    """One rollout's ego path and NPC paths (concatenated, with their lengths) for plots and `generate`."""
+    paths = res["npc_paths"] or [np.zeros((0, 3))]
+    np.savez_compressed(path, ego=res["ego_path"], npc=np.concatenate(paths),
+                        npc_len=np.array([len(p) for p in res["npc_paths"]], np.int64))
 
 
 def _spawner(models, held, seed):

@@ -30,7 +30,9 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
     return [metric_table(gen, "Generators (held-out tiles)", GEN, better, rows=["variant", "nfe"], order=ORDER),
             metric_table(loop, "Closed-loop rollouts (policy × start mode)", LOOP, better,
                          rows=["policy", "start_mode"]),
-            metric_table(ev, "ΔSim open loop", ["npc_token_acc", "npc_ade_m"], better, order=ORDER)]
+            metric_table(ev, "ΔSim open loop", ["npc_token_acc", "npc_ade_m"], better, order=ORDER),
+            metric_table(ev, "8-Gaussian toy (energy distance to the mixture)", ["toy_energy_distance"], better,
+                         rows=["variant", "nfe"], order=ORDER)]
 
 
 def plots(frame: pd.DataFrame, config, run=None) -> list:
@@ -61,43 +63,86 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         ax.tick_params(axis="x", labelrotation=20, labelsize=7)
         figures.append(("Jerk warm vs cold", fig))
     if run is not None:
-        figures += _gallery(run)
+        figures += _toy(run) + _traces(run) + _gallery(run)
     return figures
+
+
+def _traces(run) -> list:
+    """Rollout 0 (warm start) of the discrete ΔSim and of ΔSim + projection: ego path and NPC paths."""
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("deltasim_discrete", "deltasim_proj") if (run.checkpoints / f"trace_{n}.npz").exists()]
+    if not names:
+        return []
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4))
+    for ax, name in zip(np.atleast_1d(axes), names):
+        plot_trace(ax, np.load(run.checkpoints / f"trace_{name}.npz"))
+        ax.set_title(f"{name}: ego (black), NPCs", fontsize=8)
+    return [("Rollout trajectories", fig)]
+
+
+def plot_trace(ax, trace) -> None:
+    starts = np.concatenate([[0], np.cumsum(trace["npc_len"])])
+    for a, b in zip(starts[:-1], starts[1:]):
+        ax.plot(trace["npc"][a:b, 0], trace["npc"][a:b, 1], lw=0.6)
+    ax.plot(trace["ego"][:, 0], trace["ego"][:, 1], color="k", lw=1.2)
+    ax.set_aspect("equal")
+
+
+def _toy(run) -> list:
+    path = run.checkpoints / "toy_samples.npz"
+    if not path.exists():
+        return []
+    import matplotlib.pyplot as plt
+
+    samples = np.load(path)
+    fig, axes = plt.subplots(1, len(samples.files), figsize=(2.6 * len(samples.files), 2.6))
+    for ax, name in zip(axes, samples.files):
+        ax.scatter(samples[name][:, 0], samples[name][:, 1], s=1)
+        ax.set_title(name, fontsize=8)
+        ax.set_xlim(-3, 3)
+        ax.set_ylim(-3, 3)
+        ax.set_aspect("equal")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return [("Toy samples", fig)]
 
 
 EDGE_COLOURS = {2: "tab:blue", 3: "tab:green", 4: "tab:orange"}  # succ, left, right
 
 
 def _gallery(run) -> list:
-    """Decoded tiles: lanes (grey), successor / left / right edges between lane midpoints, agent boxes."""
-    import matplotlib.pyplot as plt
-
     out = []
     for variant in ("meanflow_1", "vae_recon"):
         path = run.checkpoints / f"gallery_{variant}.npz"
-        if not path.exists():
-            continue
-        g = np.load(path)
-        fig, axes = plt.subplots(1, len(g["lanes"]), figsize=(3 * len(g["lanes"]), 3))
-        for i, ax in enumerate(np.atleast_1d(axes)):
-            L = int(g["lane_mask"][i].sum())
-            for j in range(L):
-                ax.plot(g["lanes"][i, j, :, 0], g["lanes"][i, j, :, 1], color="0.5", lw=1)
-            mid = g["lanes"][i, :L, g["lanes"].shape[2] // 2]
-            for a in range(L):
-                for b in range(L):
-                    colour = EDGE_COLOURS.get(int(g["edges"][i, a, b]))
-                    if colour:
-                        ax.plot([mid[a, 0], mid[b, 0]], [mid[a, 1], mid[b, 1]], color=colour, lw=0.6)
-            for x, y, _, c, s, length, width in g["agents"][i][g["agent_mask"][i]]:
-                corners = np.array([[1, 1], [1, -1], [-1, -1], [-1, 1], [1, 1]]) * [length / 2, width / 2]
-                rot = corners @ np.array([[c, s], [-s, c]]) / max(np.hypot(c, s), 1e-6)
-                ax.plot(x + rot[:, 0], y + rot[:, 1], color="tab:red", lw=0.8)
-            ax.set_aspect("equal")
-            ax.set_xlim(-32, 32)
-            ax.set_ylim(-32, 32)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        fig.suptitle(f"{variant} tiles (grey lanes; blue succ, green left, orange right; red agents)", fontsize=8)
-        out.append((f"Tile gallery {variant}", fig))
+        if path.exists():
+            out.append((f"Tile gallery {variant}", tile_figure(np.load(path), f"{variant} tiles")))
     return out
+
+
+def tile_figure(g, title: str):
+    """Decoded tiles: lanes (grey), successor / left / right edges between lane midpoints, agent boxes."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(g["lanes"]), figsize=(3 * len(g["lanes"]), 3))
+    for i, ax in enumerate(np.atleast_1d(axes)):
+        L = int(g["lane_mask"][i].sum())
+        for j in range(L):
+            ax.plot(g["lanes"][i, j, :, 0], g["lanes"][i, j, :, 1], color="0.5", lw=1)
+        mid = g["lanes"][i, :L, g["lanes"].shape[2] // 2]
+        for a in range(L):
+            for b in range(L):
+                colour = EDGE_COLOURS.get(int(g["edges"][i, a, b]))
+                if colour:
+                    ax.plot([mid[a, 0], mid[b, 0]], [mid[a, 1], mid[b, 1]], color=colour, lw=0.6)
+        for x, y, _, c, s, length, width in g["agents"][i][g["agent_mask"][i]]:
+            corners = np.array([[1, 1], [1, -1], [-1, -1], [-1, 1], [1, 1]]) * [length / 2, width / 2]
+            rot = corners @ np.array([[c, s], [-s, c]]) / max(np.hypot(c, s), 1e-6)
+            ax.plot(x + rot[:, 0], y + rot[:, 1], color="tab:red", lw=0.8)
+        ax.set_aspect("equal")
+        ax.set_xlim(-32, 32)
+        ax.set_ylim(-32, 32)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(f"{title} (grey lanes; blue succ, green left, orange right; red agents)", fontsize=8)
+    return fig

@@ -110,6 +110,8 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
     line = world.routes[(1, 0)]
     ego = dict(pose=line[5].copy(), v=8.0, length=4.5, width=1.9)
     npcs: list[dict] = []
+    ever: list[dict] = []  # every NPC spawned, for the trajectory trace
+    ego_path = [ego["pose"].copy()]
     travelled, n_tiles, next_tile = 0.0, 0, 0.0
     steps = dict(kin=[], off=[], ttc=[], jerk_first=[], jerk=[])
     collided: set[int] = set()
@@ -127,7 +129,9 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                     hist = np.array([[*pose, 0.0 if static else speed]])
                 # the history's last acceleration is where the jerk of the first executed step starts from
                 acc = [(hist[-1, 3] - hist[-2, 3]) / DT] if len(hist) > 1 else []
-                npcs.append(dict(hist=list(hist), length=length, width=width, id=serial, age=0, acc=acc))
+                npcs.append(dict(hist=list(hist), length=length, width=width, id=serial, age=0, acc=acc,
+                                 start=len(hist) - 1))
+                ever.append(npcs[-1])
                 serial += 1
             n_tiles += 1
             next_tile += cfg.data.tile_m - rc.frontier_m
@@ -175,6 +179,7 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
         pose, v = bicycle(ego["pose"], ego["v"], pure_pursuit(ego["pose"], ego["v"], line), idm_accel(ego["v"], gap, 0, 12.0))
         travelled += np.linalg.norm(pose[:2] - ego["pose"][:2])
         ego["pose"], ego["v"] = pose, v
+        ego_path.append(pose.copy())
         npcs = [n for n in npcs if np.linalg.norm(n["hist"][-1][:2] - pose[:2]) < 80]
         if lanes.offroad(pose[None, :2])[0]:
             end = "offroad"
@@ -194,7 +199,9 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 sim_collision_rate=len(collided) / max(serial, 1),
                 ttc_violation_rate=float(np.mean(steps["ttc"])) if steps["ttc"] else 0.0,
                 jerk_first_1s=float(np.mean(steps["jerk_first"])) if steps["jerk_first"] else float("nan"),
-                jerk_mean=float(np.mean(steps["jerk"])) if steps["jerk"] else float("nan"))
+                jerk_mean=float(np.mean(steps["jerk"])) if steps["jerk"] else float("nan"),
+                # the trace: ego poses per step, each NPC's executed poses (its pseudo-history excluded)
+                ego_path=np.asarray(ego_path), npc_paths=[np.asarray(n["hist"])[n["start"]:, :3] for n in ever])
 
 
 def _snap(pose: np.ndarray, world: World) -> np.ndarray:
