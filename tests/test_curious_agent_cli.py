@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from conftest import train_and_eval
@@ -32,6 +33,9 @@ def test_train_eval_report_records_every_arm_and_metric(icml, tmp_path):
     assert {"obs_slot_acc", "pred_slot_acc", "probe_ri_decay"} <= set(evaluated.loc[evaluated["variant"] == "glance", "metric"])
     decay = evaluated.loc[evaluated["metric"] == "probe_ri_decay", "value"].iloc[0]
     assert 0 <= decay < 1  # 20 alignment steps on one transition must lower its r^i
+    fresh = evaluated.loc[evaluated["metric"] == "probe_fresh_ri_decay", "value"].iloc[0]
+    assert fresh > 0 and np.isfinite(fresh)
+    assert "success_rate" in set(train.loc[train["variant"] == "ppo", "metric"])  # success vs env steps
     coverage = frame[(frame["metric"] == "coverage") & (frame["experiment"] == "final")]["value"]
     assert ((coverage > 0) & (coverage <= 1)).all()
     rnd = train[train["variant"] == "ppo_rnd"]
@@ -44,12 +48,31 @@ def test_train_eval_report_records_every_arm_and_metric(icml, tmp_path):
     assert result.code == 0, result.err
     html = out.read_text()
     assert "Greedy evaluation" in html and "Exploration during training" in html
-    assert html.count("data:image/png;base64,") >= 6
+    assert html.count("data:image/png;base64,") >= 7
+
+
+def test_coverage_experiment_runs_without_task_reward_beside_the_main_one(icml):
+    """coverage.env_id adds the zero-extrinsic-reward experiment to the same run: its own env,
+    arms, budget and checkpoints, rows tagged reward_mode=intrinsic_only, its own report table."""
+    run = Path(icml("curious-agent", "train", *TINY[:-4], "--set", "arms=ppo", "--set", "coverage.arms=glance",
+                    "--set", "coverage.env_id=MiniGrid-FourRooms-v0", "--set", "coverage.total_steps=16",
+                    "--json").json()["run_dir"])
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    intrinsic = frame[frame["reward_mode"] == "intrinsic_only"]
+    assert set(intrinsic["variant"]) == {"glance"} and (intrinsic["env_id"] == "MiniGrid-FourRooms-v0").all()
+    assert set(frame.loc[frame["reward_mode"] == "extrinsic", "variant"]) == {"ppo"}
+    assert intrinsic.loc[intrinsic["metric"] == "coverage", "step"].max() == 16
+    assert (run / "checkpoints" / "coverage" / "glance" / "seed0" / "agent.pt").exists()
+    assert icml("curious-agent", "eval", str(run)).code == 0  # evaluates the main experiment only
+    result = icml("curious-agent", "report", str(run), "--format", "markdown", "--out", str(run / "r.md"))
+    assert result.code == 0, result.err
+    assert "Zero extrinsic reward — MiniGrid-FourRooms-v0" in (run / "r.md").read_text()
 
 
 def test_bad_input_fails_in_one_line(icml):
     for assignment, message in (("arms=ppo,nope", "unknown arm(s) ['nope']"),
-                                ("model.path=/nonexistent", "not implemented yet"),
+                                ("model.path=/nonexistent", "is not a Hugging Face checkpoint directory"),
+                                ("coverage.arms=glance,nope", "unknown arm(s) ['nope'] in 'coverage.arms'"),
                                 ("env.id=MiniGrid-Nope-v0", "env.id 'MiniGrid-Nope-v0' is not supported"),
                                 ("glance.ema_alpha=1.5", "glance.ema_alpha must be in [0, 1)"),
                                 ("reward_mode=dense", "reward_mode must be")):
@@ -62,3 +85,22 @@ def test_missing_checkpoint_is_reported(icml):
     (run / "checkpoints" / "ppo" / "seed0" / "agent.pt").write_bytes(b"not a checkpoint")
     result = icml("curious-agent", "eval", str(run))
     assert result.code == 1 and "cannot be read" in result.err and "Traceback" not in result.err
+
+
+def test_model_option_trains_and_evaluates_a_local_hf_vlm(icml, tmp_path):
+    """--model DIR (a LLaVA written by save_pretrained) goes through train -> eval like the tiny agent."""
+    from test_curious_agent_math import tiny_llava
+
+    tiny_llava(tmp_path / "vlm")
+    run = train_and_eval(icml, "curious-agent", *TINY[:-4], "--set", "arms=glance", "--model", str(tmp_path / "vlm"))
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    assert {"explore_loss", "probe_ri_decay", "pred_slot_acc"} <= set(frame.loc[frame["variant"] == "glance", "metric"])
+    import torch
+
+    state = torch.load(run / "checkpoints" / "glance" / "seed0" / "agent.pt", weights_only=True)
+    assert state["glance"]["projector.net.0.weight"].shape == (96, 48)  # g_psi sized to the LM's width
+    bad = tmp_path / "not_a_vlm"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "gpt2"}')
+    result = icml("curious-agent", "train", *TINY[:-4], "--set", "arms=glance", "--model", str(bad))
+    assert result.code == 2 and "cannot be loaded" in result.err and "Traceback" not in result.err, result.err

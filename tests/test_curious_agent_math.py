@@ -261,3 +261,88 @@ def test_coverage_counts_visited_states_over_every_layout():
     assert envs.episodes_started > 10
     assert all((x, y) in envs.open_cells for x, y, _ in envs.visits)
     assert 0 < envs.coverage() <= 1 and envs.coverage() == len(envs.visits) / (4 * len(envs.open_cells))
+
+
+def test_revisit_probe_is_neutral_without_learning_and_decays_with_it():
+    """With a zero alignment learning rate no weight moves (φ = v, so the EMA is a fixed point):
+    both probe ratios are 1 up to float32 rounding; with learning, the replayed transition's r^i falls."""
+    from icml.methods.curious_agent.ppo import revisit_probe
+
+    cfg, agent, glance = agent_and_glance()
+    state = {"glance": glance.head.state_dict()}
+    before = snapshot(agent)
+    cfg.glance.lr = 0.0
+    still = revisit_probe(cfg, arm_spec("glance", cfg), agent, state, seed=0, repeats=5)
+    # α·φ + (1−α)·φ re-rounds each weight by at most an ulp: the loss moves by a few float32 eps
+    assert abs(still["probe_ri_decay"] - 1) < 64 * EPS32 and abs(still["probe_fresh_ri_decay"] - 1) < 64 * EPS32
+    cfg.glance.lr = 3e-3
+    moved = revisit_probe(cfg, arm_spec("glance", cfg), agent, state, seed=0, repeats=20)
+    assert moved["probe_ri_decay"] < 0.9
+    assert all(torch.equal(v, before[k]) for k, v in agent.state_dict().items())  # the probe works on a copy
+
+
+def test_splitting_door_marks_the_goal_room_of_doorkey_only():
+    from icml.methods.curious_agent.env import GridEnvs
+
+    envs = GridEnvs("MiniGrid-DoorKey-5x5-v0", 3, 0)
+    for i, env in enumerate(envs.envs):
+        grid = env.unwrapped.grid
+        doors = [(x, y) for x in range(grid.width) for y in range(grid.height)
+                 if grid.get(x, y) is not None and grid.get(x, y).type == "door"]
+        assert envs.door_x[i] == doors[0][0]
+    assert not envs.past_door().any()  # DoorKey starts the agent left of the door
+    goal_side = envs.envs[1].unwrapped
+    goal_side.agent_pos = (int(envs.door_x[1]) + 1, 1)
+    assert envs.past_door().tolist() == [False, True, False]
+    assert (GridEnvs("MiniGrid-FourRooms-v0", 1, 0).door_x == -1).all()  # no splitting door: no late turns
+
+
+def tiny_llava(directory):
+    """A randomly initialised LLaVA (CLIP tower + Llama) and a CLIP image processor, written with save_pretrained."""
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = LlavaConfig(vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                        num_attention_heads=2, image_size=28, patch_size=7),
+                         text_config=LlamaConfig(hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                                 max_position_embeddings=64),
+                         image_token_index=99)
+    vlm = LlavaForConditionalGeneration(config)
+    vlm.save_pretrained(directory)
+    CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(directory)
+    return vlm
+
+
+def test_local_hf_vlm_checkpoint_runs_the_same_agent_and_glance_identities(tmp_path):
+    """--model DIR: the VLM's vision tower + projector become f_v, its language model Λ_ℓ, loaded
+    with from_pretrained; cached decoding, the routing and the EMA hold as for the tiny agent."""
+    from icml.methods.curious_agent.model import VLMVision
+    from icml.methods.curious_agent.ppo import new_agent
+
+    saved = tiny_llava(tmp_path)
+    cfg = tiny_cfg()
+    cfg.model.path = str(tmp_path)
+    agent = new_agent(cfg)
+    assert isinstance(agent.vision, VLMVision) and agent.embed.embedding_dim == 48  # the LM's width
+    for name, value in saved.model.language_model.state_dict().items():
+        assert torch.equal(agent.lm.state_dict()[name], value), name  # the checkpoint's weights, not a fresh init
+    for name, value in saved.model.vision_tower.state_dict().items():
+        assert torch.equal(agent.vision.tower.state_dict()[name], value), name
+    frames, next_frames, _ = turn_batch(agent, n=4)
+    tokens, _, values, hidden = agent.generate(frames, generator=torch.Generator().manual_seed(0))
+    logits, full_values, full_hidden = agent.forward_turn(frames, tokens)
+    tol = 64 * EPS32  # as for the tiny agent: the Llama cache sums in another order
+    torch.testing.assert_close(hidden, full_hidden, atol=tol * 10, rtol=tol)
+    torch.testing.assert_close(values, full_values, atol=tol * 10, rtol=tol)
+    glance = Glance(agent, arm_spec("glance", cfg), cfg, 0)
+    assert glance.head.projector.net[0].in_features == 48 and glance.head.target_feature(next_frames).shape == (4, 48)
+    lm, vision, target = snapshot(agent.lm), snapshot(agent.vision), snapshot(glance.head.target)
+    glance.align(glance.loss(agent.forward_turn(frames, tokens)[2], next_frames).mean())
+    assert all(torch.equal(v, lm[k]) for k, v in agent.lm.state_dict().items())  # Λ_ℓ bit-identical
+    online = snapshot(agent.vision)
+    assert any(not torch.equal(v, vision[k]) for k, v in online.items())  # tower / projector learned
+    alpha = cfg.glance.ema_alpha
+    for name, phi in snapshot(glance.head.target).items():
+        expected = alpha * target[name] + (1 - alpha) * online[name]
+        torch.testing.assert_close(phi, expected, atol=2 * EPS32 * max(expected.abs().max().item(), 1.0), rtol=0)

@@ -38,6 +38,17 @@ def describe(symbolic: np.ndarray, carrying) -> list[int]:
     return [int(front), int(left), int(right), carry, door, goal]
 
 
+def splitting_door_column(grid) -> int:
+    """x of the only door when its column is wall everywhere else (DoorKey's layout); -1 otherwise."""
+    doors = [(x, y) for x in range(grid.width) for y in range(grid.height)
+             if (c := grid.get(x, y)) is not None and c.type == "door"]
+    if len(doors) != 1:
+        return -1
+    x = doors[0][0]
+    column = [grid.get(x, y) for y in range(grid.height) if y != doors[0][1]]
+    return x if all(c is not None and c.type == "wall" for c in column) else -1
+
+
 class GridEnvs:
     """n MiniGrid copies stepped in lockstep with auto-reset; tracks (x, y, dir) visits."""
 
@@ -53,6 +64,7 @@ class GridEnvs:
         self.slots = np.zeros((n, len(SLOTS)), np.int64)
         self.first_visit = np.zeros(n, bool)
         self.open_cells: set[tuple[int, int]] = set()  # non-wall cells of every layout seen so far
+        self.door_x = np.full(n, -1)  # column of a door in a wall that splits the grid (DoorKey), else -1
         for i in range(n):
             self._reset(i)
 
@@ -62,6 +74,7 @@ class GridEnvs:
         grid = self.envs[i].unwrapped.grid
         self.open_cells.update((x, y) for x in range(grid.width) for y in range(grid.height)
                                if (c := grid.get(x, y)) is None or c.type != "wall")
+        self.door_x[i] = splitting_door_column(grid)
         self._store(i, obs)
 
     def _store(self, i: int, obs) -> None:
@@ -90,6 +103,10 @@ class GridEnvs:
             if dones[i]:
                 self._reset(i)
         return rewards, dones, successes, novel, next_frames, next_slots
+
+    def past_door(self) -> np.ndarray:
+        """Per env: the agent stands beyond the splitting door (DoorKey's goal room; it starts left of it)."""
+        return np.array([x >= 0 and int(env.unwrapped.agent_pos[0]) > x for x, env in zip(self.door_x, self.envs)])
 
     @property
     def reachable(self) -> int:

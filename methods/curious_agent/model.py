@@ -50,6 +50,28 @@ class VisionEncoder(nn.Module):
         return self.net(frames).flatten(2).transpose(1, 2)
 
 
+class VLMVision(nn.Module):
+    """f_v of a LLaVA-style HF VLM: the image processor's resize and normalisation of the [0, 1]
+    frames, the vision tower's hidden states at `vision_feature_layer` (CLS dropped under the
+    "default" strategy), the multimodal projector into the LM's width, and the patch sequence
+    average-pooled to n visual tokens (the tiny agent's count; a CPU-scale choice)."""
+
+    def __init__(self, tower: nn.Module, projector: nn.Module, config, processor, n_tokens: int):
+        super().__init__()
+        self.tower, self.projector = tower, projector
+        self.feature_layer = config.vision_feature_layer
+        self.strategy = config.vision_feature_select_strategy
+        self.processor, self.n_tokens = processor, n_tokens
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:  # [B,3,28,28] in [0,1] -> [B,n,d_lm]
+        pixels = self.processor(images=list(frames), do_rescale=False, return_tensors="pt")["pixel_values"]
+        states = self.tower(pixels.to(frames.dtype), output_hidden_states=True).hidden_states
+        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
+        features = torch.cat([states[k][:, 1:] if self.strategy == "default" else states[k] for k in layers], -1)
+        tokens = self.projector(features)
+        return F.adaptive_avg_pool1d(tokens.transpose(1, 2), self.n_tokens).transpose(1, 2)
+
+
 class Projector(nn.Module):
     """g_psi: MLP d -> 2d -> d, initialised (and re-initialised) from its own generator."""
 
@@ -82,14 +104,19 @@ def explore_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor
 class CoTAgent(nn.Module):
     """Vision encoder f_v, GPT-2 language decoder Λ_ℓ with its own vocabulary, value head."""
 
-    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4, visual_tokens: int = 4, n_actions: int = 5):
+    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4, visual_tokens: int = 4, n_actions: int = 5,
+                 vision: nn.Module | None = None, lm: nn.Module | None = None):
+        """The tiny agent by default; `vision` and `lm` replace f_v and Λ_ℓ (a local HF VLM's parts,
+        see `from_pretrained`): d is then the LM's hidden size, and the rest of the agent is the same."""
         super().__init__()
-        self.vision = VisionEncoder(d, visual_tokens)
+        self.vision = vision if vision is not None else VisionEncoder(d, visual_tokens)
         self.embed = nn.Embedding(len(VOCAB), d)
-        config = GPT2Config(vocab_size=1, n_positions=64, n_embd=d, n_layer=layers, n_head=heads,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                            bos_token_id=None, eos_token_id=None)
-        self.lm = GPT2Model(config)
+        if lm is None:
+            config = GPT2Config(vocab_size=1, n_positions=64, n_embd=d, n_layer=layers, n_head=heads,
+                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                bos_token_id=None, eos_token_id=None)
+            lm = GPT2Model(config)
+        self.lm = lm
         self.lm_head = nn.Linear(d, len(VOCAB), bias=False)
         self.value = nn.Linear(d, 1)
         self.n_visual = visual_tokens
@@ -100,6 +127,32 @@ class CoTAgent(nn.Module):
             masks[p, allowed] = 0.0
         self.register_buffer("masks", masks, persistent=False)  # constrained decoding, per template position
         self.action_ids = action_token_ids(n_actions)
+
+    @classmethod
+    def from_pretrained(cls, path: str, visual_tokens: int = 4, n_actions: int = 5) -> "CoTAgent":
+        """The agent on a local LLaVA-style HF VLM: `AutoModelForImageTextToText.from_pretrained(path,
+        local_files_only=True)`; f_v = its vision tower + multimodal projector (`VLMVision`), Λ_ℓ = its
+        language model on `inputs_embeds`. The turn vocabulary keeps its own embedding and output rows
+        (new tokens of the LM's width); the VLM's own token embeddings and LM head are not used."""
+        from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+        from icml.cli.errors import UsageError
+
+        try:
+            vlm = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+            processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"--model '{path}' cannot be loaded as an image-text-to-text model with its image "
+                             f"processor ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
+                             "pass a folder written by a VLM's and its image processor's save_pretrained") from None
+        base = vlm.model
+        if not (hasattr(base, "vision_tower") and hasattr(base, "multi_modal_projector")):
+            raise UsageError(f"--model '{path}' ({type(vlm).__name__}) has no vision_tower + multi_modal_projector",
+                             "use a LLaVA-style VLM (e.g. LlavaForConditionalGeneration)")
+        lm = base.language_model
+        return cls(lm.config.hidden_size, visual_tokens=visual_tokens, n_actions=n_actions,
+                   vision=VLMVision(base.vision_tower, base.multi_modal_projector, vlm.config, processor, visual_tokens),
+                   lm=lm)
 
     def language_parameters(self) -> list[nn.Parameter]:
         return [*self.embed.parameters(), *self.lm.parameters(), *self.lm_head.parameters()]

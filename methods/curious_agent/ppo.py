@@ -101,7 +101,10 @@ def n_actions(cfg) -> int:
 
 
 def new_agent(cfg) -> CoTAgent:
+    """The tiny agent, or with `--model` the same agent on a local HF VLM's vision tower and LM."""
     m = cfg.model
+    if m.path is not None:
+        return CoTAgent.from_pretrained(m.path, m.visual_tokens, n_actions(cfg))
     return CoTAgent(m.d_model, m.layers, m.heads, m.visual_tokens, n_actions(cfg))
 
 
@@ -286,7 +289,7 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
             glance.reset_projector()
         buf = {k: [] for k in ("frames", "next", "tokens", "logp", "values", "reward", "done", "ri_raw",
                                "ri", "obs_acc", "pred_acc", "actions", "values_int", "ri_rnd")}
-        finished = []
+        finished, finished_success = [], []
         for _ in range(p.rollout):
             frames = torch.tensor(envs.frames)
             slots_t = torch.tensor(envs.slots)
@@ -305,6 +308,7 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
             returns_now += reward
             for i in np.flatnonzero(done):
                 finished.append(returns_now[i])
+                finished_success.append(float(success[i]))
                 returns_now[i] = 0.0
             if first_success is None and success.any():
                 first_success = steps
@@ -396,8 +400,9 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
         elapsed = time.perf_counter() - start
         metrics = {"policy_entropy": np.mean(stats["policy_entropy"]), "value_loss": np.mean(stats["value_loss"]),
                    "coverage": envs.coverage(), "sps": p.n_envs * p.rollout / elapsed}
-        if finished:
+        if finished:  # the sampled training episodes that ended in this update
             metrics["episode_return"] = float(np.mean(finished))
+            metrics["success_rate"] = float(np.mean(finished_success))
         if spec.cot:
             metrics["obs_slot_acc"] = float(batch["obs_acc"].mean())
             metrics["pred_slot_acc"] = float(batch["pred_acc"].mean())
@@ -426,24 +431,42 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
     return rows, state, envs.visits
 
 
-def revisit_probe(cfg, spec: ArmSpec, model: CoTAgent, state: dict, seed: int, repeats: int = 20) -> float:
-    """One stored transition replayed `repeats` times through the head, each followed by an
-    alignment step: r^i after the last repeat ÷ r^i at the first (a working curiosity decays)."""
-    model = copy.deepcopy(model)  # the probe's updates must not leak into the evaluated agent
-    glance = Glance(model, spec, cfg, seed)
-    glance.head.load_state_dict(state["glance"])
-    envs = GridEnvs(cfg.env.id, 1, 2 * 10**9 + seed, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
+def _greedy_transitions(cfg, model: CoTAgent, n: int, env_seed: int):
+    """n first transitions of fresh episodes under the greedy policy -> frames, tokens, actions, next frames."""
+    envs = GridEnvs(cfg.env.id, n, env_seed, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
     frames = torch.tensor(envs.frames)
     with torch.no_grad():
         tokens = model.generate(frames, greedy=True)[0]
-    action = torch.tensor([model.action_ids.index(int(tokens[0, ACT_POS]))])
-    next_frames = torch.tensor(envs.step(action.numpy())[4])
+    actions = torch.tensor([model.action_ids.index(int(t)) for t in tokens[:, ACT_POS]])
+    return frames, tokens, actions, torch.tensor(envs.step(actions.numpy())[4])
+
+
+def revisit_probe(cfg, spec: ArmSpec, model: CoTAgent, state: dict, seed: int, repeats: int = 20,
+                  n_fresh: int = 16) -> dict:
+    """One stored transition replayed `repeats` times through the head, each replay followed by an
+    alignment step (on a copy of the agent). `probe_ri_decay`: its r^i after the last repeat ÷ at the
+    first (a working curiosity decays); `probe_fresh_ri_decay`: the mean r^i of `n_fresh` transitions
+    never trained on, after ÷ before the probe (near 1: the decay is specific to the revisited state,
+    not a collapse of the whole signal)."""
+    model = copy.deepcopy(model)  # the probe's updates must not leak into the evaluated agent
+    glance = Glance(model, spec, cfg, seed)
+    glance.head.load_state_dict(state["glance"])
+    frames, tokens, action, next_frames = _greedy_transitions(cfg, model, 1, 2 * 10**9 + seed)
+    fresh = _greedy_transitions(cfg, model, n_fresh, 3 * 10**9 + seed)
+
+    def fresh_ri() -> float:
+        with torch.no_grad():
+            f, t, a, nxt = fresh
+            return spec.beta * float(glance.loss(model.forward_turn(f, t)[2], nxt, f, a).mean())
+
+    fresh_before = fresh_ri()
     rewards = []
     for _ in range(repeats):
         loss = glance.loss(model.forward_turn(frames, tokens)[2], next_frames, frames, action).mean()
         rewards.append(spec.beta * float(loss.detach()))
         glance.align(loss)
-    return rewards[-1] / max(rewards[0], 1e-12)
+    return {"probe_ri_decay": rewards[-1] / max(rewards[0], 1e-12),
+            "probe_fresh_ri_decay": fresh_ri() / max(fresh_before, 1e-12)}
 
 
 def evaluate_arm(cfg, arm: str, seed: int, state: dict) -> list[dict]:
@@ -453,13 +476,14 @@ def evaluate_arm(cfg, arm: str, seed: int, state: dict) -> list[dict]:
     model.load_state_dict(state["model"])
     n = min(cfg.eval_episodes, 16)
     envs = GridEnvs(cfg.env.id, n, 10**9 + seed * 10_000, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
-    returns, successes, obs_acc, pred_acc = [], [], [], []
+    returns, successes, obs_acc, pred_acc, late_acc = [], [], [], [], []
     running = np.zeros(n)
     active = np.ones(n, bool)
     started = n
     with torch.no_grad():
         while len(returns) < cfg.eval_episodes:
             frames, slots_t = torch.tensor(envs.frames), torch.tensor(envs.slots)
+            late = envs.past_door() & active  # turns taken in the goal room, behind the door
             if spec.cot:
                 tokens = model.generate(frames, greedy=True)[0]
                 action = np.array([model.action_ids.index(int(t)) for t in tokens[:, ACT_POS]])
@@ -468,7 +492,9 @@ def evaluate_arm(cfg, arm: str, seed: int, state: dict) -> list[dict]:
             reward, done, success, _, _, next_slots = envs.step(action)
             if spec.cot:
                 obs_acc += slot_accuracy(tokens, slots_t, OBS_POS)[active].tolist()
-                pred_acc += slot_accuracy(tokens, torch.tensor(next_slots), PRED_POS)[active].tolist()
+                accuracy = slot_accuracy(tokens, torch.tensor(next_slots), PRED_POS)
+                pred_acc += accuracy[active].tolist()
+                late_acc += accuracy[late].tolist()
             running += reward
             for i in np.flatnonzero(done & active):
                 returns.append(running[i]), successes.append(float(success[i]))
@@ -480,6 +506,8 @@ def evaluate_arm(cfg, arm: str, seed: int, state: dict) -> list[dict]:
     metrics = {"success_rate": np.mean(successes), "mean_return": np.mean(returns)}
     if spec.cot:
         metrics.update(obs_slot_acc=np.mean(obs_acc), pred_slot_acc=np.mean(pred_acc))
+        if late_acc:  # only where the agent got past the door in some eval episode
+            metrics["pred_slot_acc_late"] = np.mean(late_acc)
     if spec.cot and spec.beta > 0 and "glance" in state:
-        metrics["probe_ri_decay"] = revisit_probe(cfg, spec, model, state, seed)
+        metrics.update(revisit_probe(cfg, spec, model, state, seed))
     return [{"metric": k, "value": float(v), "variant": arm, "seed": seed, **tags} for k, v in metrics.items()]

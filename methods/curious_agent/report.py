@@ -10,7 +10,14 @@ from icml.reports.plots import new_axes
 from icml.reports.tables import default_headline, metric_table
 
 FINAL = ["steps_to_first_success", "first_success_found", "coverage", "ri_novel_over_revisit"]
-EVAL = ["success_rate", "mean_return", "obs_slot_acc", "pred_slot_acc", "probe_ri_decay"]
+EVAL = ["success_rate", "mean_return", "obs_slot_acc", "pred_slot_acc", "pred_slot_acc_late", "probe_ri_decay",
+        "probe_fresh_ri_decay"]
+
+
+def _experiment(frame: pd.DataFrame, config, coverage: bool = False) -> pd.DataFrame:
+    """The rows of the main experiment, or of the zero-extrinsic-reward coverage experiment."""
+    env_id, mode = (config.coverage.env_id, "intrinsic_only") if coverage else (config.env.id, config.reward_mode)
+    return frame[(frame["env_id"] == env_id) & (frame["reward_mode"] == mode)]
 
 
 def _final(frame: pd.DataFrame) -> pd.DataFrame:
@@ -23,6 +30,8 @@ def _curves(frame: pd.DataFrame) -> pd.DataFrame:
 
 def tables(frame: pd.DataFrame, config) -> list:
     out = []
+    coverage = _experiment(frame, config, coverage=True) if config.coverage.env_id else frame.iloc[:0]
+    frame = _experiment(frame, config)
     evaluated = frame[frame["phase"] == "eval"]
     n_seeds = frame["seed"].nunique()
     if not evaluated.empty:
@@ -31,19 +40,27 @@ def tables(frame: pd.DataFrame, config) -> list:
                                                  "episodes each, env seeds disjoint from training"))
     final = _final(frame)
     if not final.empty:
-        out.append(metric_table(final, "Exploration during training", FINAL, METHOD.metrics, order=ARMS,
-                                note=f"reward_mode={config.reward_mode}; coverage = unique (x, y, dir) ÷ "
-                                     "4 × non-wall cells of the layouts seen"))
+        out.append(metric_table(final, f"Exploration during training — {config.env.id}", FINAL, METHOD.metrics,
+                                order=ARMS, note=f"reward_mode={config.reward_mode}; coverage = unique (x, y, dir) "
+                                                 "÷ 4 × non-wall cells of the layouts seen"))
+    if not _final(coverage).empty:
+        out.append(metric_table(_final(coverage), f"Zero extrinsic reward — {config.coverage.env_id}", FINAL,
+                                METHOD.metrics, order=ARMS,
+                                note=f"reward_mode=intrinsic_only, {config.coverage.total_steps} env steps per arm "
+                                     "and seed; the spec expects glance coverage ≥ 1.2 × vagen_lite"))
     return out
 
 
 def headline(frame: pd.DataFrame) -> dict:
     out = {}
-    for metric, rows in (("success_rate", frame[frame["phase"] == "eval"]), ("coverage", _final(frame)),
-                         ("steps_to_first_success", _final(frame))):
+    final = _final(frame)
+    for key, metric, rows in (("success_rate", "success_rate", frame[frame["phase"] == "eval"]),
+                              ("coverage", "coverage", final[final["reward_mode"] == "extrinsic"]),
+                              ("steps_to_first_success", "steps_to_first_success", final[final["reward_mode"] == "extrinsic"]),
+                              ("coverage_intrinsic_only", "coverage", final[final["reward_mode"] == "intrinsic_only"])):
         rows = rows[rows["metric"] == metric]
         if not rows.empty:
-            out[metric] = rows.groupby("variant")["value"].mean().to_dict()
+            out[key] = rows.groupby("variant")["value"].mean().to_dict()
     return out or default_headline(frame, METHOD.metrics)
 
 
@@ -58,7 +75,8 @@ def _curve_plot(curves: pd.DataFrame, metric: str, title: str, ylabel: str, rese
                            & (curves["value"] > 0)]["step"].unique()
             for step in marks:
                 axis.axvline(step, color=line.get_color(), ls=":", lw=1)
-    axis.legend(fontsize=7)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=7)
     return figure
 
 
@@ -70,12 +88,12 @@ def _novelty_bars(final: pd.DataFrame):
     return figure
 
 
-def _heat_map(visits: pd.DataFrame, variant: str):
+def _heat_map(visits: pd.DataFrame, variant: str, env_id: str):
     rows = visits[visits["variant"] == variant].groupby(["x", "y"])["count"].sum()
     grid = np.zeros((rows.index.get_level_values("y").max() + 2, rows.index.get_level_values("x").max() + 2))
     for (x, y), c in rows.items():
         grid[y, x] = c
-    figure, axis = new_axes(f"visits of {variant} during training", "x", "y", size=(4.2, 4.2))
+    figure, axis = new_axes(f"visits of {variant} ({env_id.removeprefix('MiniGrid-')})", "x", "y", size=(4.2, 4.2))
     image = axis.imshow(np.log1p(grid), cmap="viridis")
     figure.colorbar(image, ax=axis, label="log(1 + visits)")
     return figure
@@ -83,8 +101,12 @@ def _heat_map(visits: pd.DataFrame, variant: str):
 
 def plots(frame: pd.DataFrame, config, run=None) -> list:
     out = []
+    coverage = _curves(_experiment(frame, config, coverage=True)) if config.coverage.env_id else frame.iloc[:0]
+    frame = _experiment(frame, config)
     curves = _curves(frame)
     if not curves.empty:
+        out.append(("success", _curve_plot(curves, "success_rate", "Success vs env steps (sampled training episodes)",
+                                           "fraction of the update's finished episodes that succeeded")))
         out.append(("learning curves", _curve_plot(curves, "episode_return", "Training episode return",
                                                    "mean return of finished episodes")))
         out.append(("coverage", _curve_plot(curves, "coverage", f"Coverage ({config.reward_mode})",
@@ -94,11 +116,22 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
                                                  "L_explore (dotted: projector resets)", "L_explore", resets=True)))
         out.append(("slot accuracy", _curve_plot(curves, "pred_slot_acc", "<pred> slot accuracy (training)",
                                                  "accuracy vs describer(o_t+1)")))
+    if not coverage.empty:
+        out.append(("intrinsic-only coverage", _curve_plot(coverage, "coverage",
+                                                           f"Coverage, zero extrinsic reward ({config.coverage.env_id})",
+                                                           "unique (x, y, dir) ÷ reachable")))
+        if "explore_loss" in set(coverage["metric"]):
+            out.append(("intrinsic-only curiosity", _curve_plot(coverage, "explore_loss",
+                                                                f"L_explore, zero extrinsic reward ({config.coverage.env_id})",
+                                                                "L_explore", resets=True)))
     final = _final(frame)
     if "ri_novel_over_revisit" in set(final["metric"]):
         out.append(("novel vs revisit", _novelty_bars(final)))
     visits = run.table("visits") if run is not None else None
     if visits is not None and not visits.empty:
-        for variant in [v for v in ARMS if v in set(visits["variant"])]:
-            out.append((f"visits {variant}", _heat_map(visits, variant)))
+        if "env_id" not in visits:  # runs written before the coverage experiment existed
+            visits = visits.assign(env_id=config.env.id)
+        for env_id, rows in visits.groupby("env_id", sort=False):
+            for variant in [v for v in ARMS if v in set(rows["variant"])]:
+                out.append((f"visits {variant} {env_id}", _heat_map(rows, variant, env_id)))
     return out
