@@ -53,7 +53,7 @@ def test_every_spec_metric_and_tag_is_recorded(run):
     assert set(retrieval["variant"]) == set(ALL_SELECTORS.split(","))
     assert set(evaluated.loc[evaluated["metric"] == "p_at_k", "k"]) == {3, 10}  # the budget and 10
     seeds = evaluated[evaluated["metric"] == "seed_spearman"]
-    assert set(seeds["variant"]) == {"motive", "indep_noise", "no_length_norm", "mean_agg", "random"}
+    assert set(seeds["variant"]) == {"motive", "indep_noise", "mean_agg", "random"}
     assert set(evaluated.loc[evaluated["metric"] == "proj_cos_err", "proj"]) == {"fastfood", "dense"}
     assert set(evaluated.loc[evaluated["metric"] == "target_motion_acc", "variant"]) == {"base", "motive", "full", "random"}
     nl = evaluated[(evaluated["variant"] == "no_length_norm") & (evaluated["metric"] == "ap")]
@@ -81,8 +81,8 @@ def test_scores_table_has_the_spec_columns_and_signed_selection(run):
 def test_full_arm_gets_the_same_step_budget_and_features_are_cached(run):
     features = list((run / "checkpoints" / "features").glob("*/*/meta.json"))
     groups = {p.parent.parent.name for p in features}
-    assert groups == {"motive", "no_mask", "indep_noise"}
-    assert (run / "checkpoints" / "base" / "config.json").exists() and (run / "checkpoints" / "samples.npz").exists()
+    assert groups == {"motive", "no_mask", "indep_noise", "no_length_norm"}
+    assert (run / "checkpoints" / "samples.npz").exists()
     before = {p: p.stat().st_mtime_ns for p in features}
     result = ok("attribute-motion", "select", run, "--variant", "motive", "--frac", "0.2", "--json")
     assert len(result["clip_ids"]) == 6
@@ -104,36 +104,80 @@ def test_select_with_a_folder_of_query_clips(run, tmp_path):
     rng = np.random.default_rng(0)
     np.save(queries / "q1.npy", rng.integers(0, 255, (8, 16, 16, 3), dtype=np.uint8))
     np.save(queries / "q2.npy", rng.integers(0, 255, (5, 32, 32, 3), dtype=np.uint8))
+    from test_attribute_motion_data import smooth_frames, write_video
+
+    write_video(queries / "q3.mp4", smooth_frames(8, 32), "libx264")
     result = ok("attribute-motion", "select", run, "--variant", "motive", "--queries", queries, "--json")
     assert len(result["clip_ids"]) == 3
+    scores = pd.read_parquet(run / "scores.parquet")
+    assert scores.loc[(scores["variant"] == "motive") & (scores["attr_seed"] == 0), "query_id"].nunique() == 4  # −1 and the three user queries
     code, _, err = astuple(invoke("attribute-motion", "select", run, "--variant", "nonsense"))
     assert code == 1 and "unknown selector 'nonsense'" in err and "Traceback" not in err
     code, _, err = astuple(invoke("attribute-motion", "select", run, "--queries", tmp_path / "missing"))
     assert code == 1 and "is not a folder" in err
 
 
-def test_local_model_directory_replaces_pretraining(tmp_path):
-    from icml.methods.attribute_motion.model import build_unet
+def test_the_base_is_a_diffusers_pipeline_directory(run):
+    """checkpoints/base is what diffusers users have: model_index.json, unet/ and the flow-matching
+    scheduler's config beside it, loadable with from_pretrained and usable as --model."""
+    import json
 
-    model_dir = tmp_path / "unet"
-    build_unet(8, 16, [8, 16, 16], 1, seed=0).save_pretrained(model_dir)
-    result = ok("attribute-motion", "train", *TINY, "--model", model_dir, "--runs-dir", tmp_path / "runs", "--json")
-    frame = pd.read_parquet(Path(result["run_dir"]) / "metrics.parquet")
-    assert "loss" not in set(frame["metric"])  # no pretraining: the given model is the base
+    from diffusers import FlowMatchEulerDiscreteScheduler, UNet2DModel
+
+    from icml.methods.attribute_motion.model import pipeline_class
+
+    base = run / "checkpoints" / "base"
+    index = json.loads((base / "model_index.json").read_text())
+    assert index["unet"] == ["diffusers", "UNet2DModel"]
+    assert index["scheduler"] == ["diffusers", "FlowMatchEulerDiscreteScheduler"]
+    pipe = pipeline_class().from_pretrained(str(base), local_files_only=True)
+    assert isinstance(pipe.unet, UNet2DModel) and isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler)
+    assert pipe.scheduler.config.shift == 1.0 and pipe.unet.config.in_channels == 24
+
+
+def test_local_model_directory_replaces_pretraining(tmp_path, run):
+    from diffusers import DDPMScheduler
+
+    from icml.methods.attribute_motion.model import build_unet, pipeline_class
+
+    for name, save in (("unet", lambda d: build_unet(8, 16, [8, 16, 16], 1, seed=0).save_pretrained(d)),
+                       ("pipeline", None)):
+        model_dir = run / "checkpoints" / "base" if save is None else tmp_path / name
+        if save is not None:
+            save(model_dir)
+        result = ok("attribute-motion", "train", *TINY, "--model", model_dir, "--runs-dir", tmp_path / "runs", "--json")
+        frame = pd.read_parquet(Path(result["run_dir"]) / "metrics.parquet")
+        assert "loss" not in set(frame["metric"])  # no pretraining: the given model is the base
+    ddpm = tmp_path / "ddpm"
+    pipeline_class()(unet=build_unet(8, 16, [8, 16, 16], 1, seed=0), scheduler=DDPMScheduler()).save_pretrained(ddpm)
+    code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--model", ddpm, "--runs-dir", tmp_path / "r2"))
+    assert code == 1 and "needs a UNet2DModel with a FlowMatchEulerDiscreteScheduler" in err and "Traceback" not in err
 
 
 def test_user_clip_folder_trains(tmp_path):
+    """A --data folder mixing .npy arrays and .mp4 / .webm video files."""
+    from test_attribute_motion_data import smooth_frames, write_video
+
     root = tmp_path / "clips"
     root.mkdir()
     rng = np.random.default_rng(1)
     rows = ["clip_id,prompt_id,split"]
     for i in range(12):
-        np.save(root / f"c{i}.npy", rng.integers(0, 255, (6, 24, 24, 3), dtype=np.uint8))
+        if i in (1, 3):
+            write_video(root / f"c{i}.{'mp4' if i == 1 else 'webm'}", smooth_frames(6, 24),
+                        "libx264" if i == 1 else "libvpx-vp9")
+        else:
+            np.save(root / f"c{i}.npy", rng.integers(0, 255, (6, 24, 24, 3), dtype=np.uint8))
         rows.append(f"c{i},{12 + i % 3},{['pretrain', 'pool', 'pool', 'query'][i % 4]}")
     (root / "captions.csv").write_text("\n".join(rows) + "\n")
     result = ok("attribute-motion", "train", *TINY, "--data", root, "--runs-dir", tmp_path / "runs", "--json")
     clips = pd.read_parquet(Path(result["run_dir"]) / "clips.parquet")
     assert (clips["split"] == "pool").sum() == 6 and set(clips.loc[clips["split"] == "query", "query_target"]) == {"orbit"}
+    assert {"c1", "c3"} <= set(clips["clip_id"])
+    np.save(root / "c0.npy", rng.random((6, 24, 24, 3)).astype(np.float32))  # float frames in [0, 1]
+    code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--data", root, "--runs-dir", tmp_path / "r2"))
+    lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
+    assert code == 1 and len(lines) == 1 and "expected uint8 RGB in 0..255" in lines[0] and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv, code, message", [
@@ -141,6 +185,10 @@ def test_user_clip_folder_trains(tmp_path):
     (["--set", "attr.length_norm=sqrt"], 2, "attr.length_norm must be one of frames, mask_sum, none"),
     (["--set", "clips.targets=spin"], 2, "clips.targets ['spin']"),
     (["--set", "attr.patch=3"], 2, "attr.patch (3) must divide clips.size (16)"),
+    (["--set", "attr.camera=global"], 2, "attr.camera must be median or none"),
+    (["--set", "attr.draws=0"], 2, "attr.draws must be positive"),
+    (["--set", "attr.t_star=0.7505"], 2, "attr.t_star must be on the scheduler's table"),
+    (["--preset", "paper"], 2, "--preset paper runs Motive on a Wan2.1/2.2 text-to-video pipeline: pass --model DIR"),
 ])
 def test_bad_config_is_one_line(tmp_path, argv, code, message):
     result = invoke("attribute-motion", "train", *argv, "--runs-dir", tmp_path)

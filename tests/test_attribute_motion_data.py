@@ -278,3 +278,59 @@ def test_pool_composition_follows_the_spec():
     assert {f.name for f in fields(ClipSpec)} | {"clip_id", "split", "seed"} <= set(table.columns)  # every factor
     again = synthetic(cfg, seed=0)
     assert np.array_equal(sets.videos, again.videos) and table.equals(again.table)
+
+
+def write_video(path, frames: np.ndarray, codec: str) -> None:
+    import av
+
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream(codec, rate=8)
+        stream.width, stream.height = frames.shape[2], frames.shape[1]
+        stream.pix_fmt = "yuv420p"
+        for image in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def smooth_frames(n=6, size=32):
+    ys, xs = np.mgrid[0:size, 0:size]
+    return np.stack([np.stack([(xs * 7 + f * 9) % 256, (ys * 5) % 256, np.full_like(xs, 128)], -1)
+                     for f in range(n)]).astype(np.uint8)
+
+
+@pytest.mark.parametrize("suffix, codec", [(".mp4", "libx264"), (".webm", "libvpx-vp9")])
+def test_video_files_decode_to_the_clip_they_encode(tmp_path, suffix, codec):
+    from icml.methods.attribute_motion.video_files import read_clip, read_video_file
+
+    frames = smooth_frames()
+    path = tmp_path / f"clip{suffix}"
+    write_video(path, frames, codec)
+    decoded = read_video_file(path)
+    assert decoded.shape == frames.shape and decoded.dtype == np.uint8
+    assert np.abs(decoded.astype(float) - frames).mean() < 12  # lossy codec, same picture
+    video, valid = read_clip(path, 8, 16)
+    assert video.shape == (8, 16, 16, 3) and valid.tolist() == [True] * 6 + [False] * 2
+    assert video.min() >= -1 and video.max() <= 1
+
+
+def test_float_and_out_of_range_arrays_are_refused_in_one_line(tmp_path):
+    from icml.data.videos import VideoDataError
+    from icml.methods.attribute_motion.video_files import read_clip
+
+    unit = tmp_path / "unit.npy"
+    np.save(unit, np.random.default_rng(0).random((6, 16, 16, 3)).astype(np.float32))
+    with pytest.raises(VideoDataError, match=r"float32 in \[.*\]; expected uint8 RGB in 0..255 \(multiply"):
+        read_clip(unit, 8, 16)
+    wide = tmp_path / "wide.npy"
+    np.save(wide, np.full((6, 16, 16, 3), 300, np.int32))
+    with pytest.raises(VideoDataError, match="values in .300, 300.; expected uint8"):
+        read_clip(wide, 8, 16)
+    fine = tmp_path / "fine.npy"
+    np.save(fine, np.full((6, 16, 16, 3), 255.0, np.float64))  # float but 0..255: accepted
+    assert read_clip(fine, 8, 16)[0].max() == pytest.approx(1.0)
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"not a video")
+    with pytest.raises(VideoDataError, match="is not a readable video file"):
+        read_clip(broken, 8, 16)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from icml.data.videos import make_clip, random_spec
-from icml.methods.attribute_motion.attribution import (Setting, aggregate, average_precision, featurize, influence,
-                                                       masked_fm_loss, normaliser, retrieval_metrics,
+from icml.methods.attribute_motion.attribution import (Setting, aggregate, average_precision, featurize,
+                                                       influence, masked_fm_loss, normaliser, retrieval_metrics,
                                                        selection_flags, stacked_mask)
 from icml.methods.attribute_motion.flow import motion_mask
 from icml.methods.attribute_motion.model import build_unet, to_channels
@@ -97,8 +97,8 @@ def test_mask_of_a_static_clip_is_zero_and_its_gradient_vanishes():
     assert mask.shape == (1, 8, 16, 16) and torch.count_nonzero(mask) == 0
     model = build_unet(8, 16, [8, 16, 16], 1, seed=0)
     x0 = to_channels(torch.as_tensor(static.frames)[None])
-    loss = masked_fm_loss(lambda x, t, y: model(x, t * 1000, class_labels=y).sample, x0, torch.randn_like(x0),
-                          torch.tensor([0.75]), torch.tensor([21]), stacked_mask(mask), torch.ones(1))
+    loss = masked_fm_loss(lambda x, t, y: model(x, t, class_labels=y).sample, x0, torch.randn_like(x0),
+                          torch.tensor([750.0]), torch.tensor([21]), stacked_mask(mask))
     grads = torch.autograd.grad(loss.sum(), [p for p in model.parameters()], allow_unused=True)
     assert all(g is None or torch.count_nonzero(g) == 0 for g in grads)
 
@@ -121,21 +121,21 @@ def test_padded_frames_do_not_change_the_loss():
     den = lambda x, t, y: x * 0.5  # noqa: E731 - a frame-wise denoiser keeps padded frames out of valid ones
     changed = x0.clone()
     changed[:, 18:] = 0.3  # frames 6, 7 are padding
-    args = (torch.tensor([0.75]), torch.tensor([21]), mask, torch.ones(1))
+    args = (torch.tensor([750.0]), torch.tensor([21]), mask)
     assert torch.allclose(masked_fm_loss(den, x0, eps, *args), masked_fm_loss(den, changed, eps, *args))
 
 
-def test_length_normalisation_removes_the_length_bias_on_a_constructed_pair():
+def test_z_equalises_the_gradients_of_a_constructed_pair():
     """Clip B is clip A's 4 frames played twice (with the same noise on the repeat); with a frame-wise
-    denoiser its summed loss gradient is exactly 2× A's. Z = frames makes them equal; Z = 1 doubles B's
-    dot-product influence against any query."""
+    denoiser its summed loss gradient is exactly 2× A's. Z = frames makes the two gradients equal; Z = 1
+    leaves B's twice A's, so its dot-product influence doubles (a scalar the cosine then cancels)."""
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 3, 3, padding=1)
     params = list(conv.parameters())
 
     def framewise(x, t, y):
         n, c, h, w = x.shape
-        return conv(x.reshape(n * c // 3, 3, h, w)).reshape(n, c, h, w) * (1 + t[:, None, None, None])
+        return conv(x.reshape(n * c // 3, 3, h, w)).reshape(n, c, h, w) * (1 + t[:, None, None, None] / 1000)
 
     a = clip("orbit", valid_len=4)
     frames_a = torch.as_tensor(a.frames)
@@ -144,22 +144,74 @@ def test_length_normalisation_removes_the_length_bias_on_a_constructed_pair():
     x_a, x_b = to_channels(frames_a[None]), to_channels(frames_b[None])
     eps_a, eps_b = torch.cat([eps4, torch.randn(1, 12, 16, 16)], 1), torch.cat([eps4, eps4], 1)
     valid_a, valid_b = torch.tensor([[1, 1, 1, 1, 0, 0, 0, 0]]).bool(), torch.ones(1, 8).bool()
-    mask_a = torch.cat([torch.ones(1, 4, 16, 16), torch.zeros(1, 4, 16, 16)], 1)
-    mask_b = torch.ones(1, 8, 16, 16)
+    ramp = torch.linspace(0.2, 1, 16)[None, :] * torch.ones(16, 1)  # frames of unequal mask mass
+    mask_a = torch.cat([torch.stack([ramp, ramp ** 2, ramp.T, 0.5 * ramp]), torch.zeros(4, 16, 16)])[None]
+    mask_b = torch.cat([mask_a[0, :4], mask_a[0, :4]])[None]
 
     def grad(x, eps, mask, valid, norm):
-        m = stacked_mask(mask)
-        loss = masked_fm_loss(framewise, x, eps, torch.tensor([0.75]), torch.tensor([0]), m, normaliser(m, valid, norm))
+        m = stacked_mask(mask / normaliser(mask, valid, norm)[:, None, None, None])
+        loss = masked_fm_loss(framewise, x, eps, torch.tensor([750.0]), torch.tensor([0]), m)
         return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss.sum(), params)])
 
     query = torch.randn(3, sum(p.numel() for p in params), dtype=torch.float64).numpy()
-    for norm, ratio in (("none", 2.0), ("frames", 1.0), ("mask_sum", 1.0)):
+    for norm, ratio in (("none", 2.0), ("frames", 1.0)):
         g_a, g_b = grad(x_a, eps_a, mask_a, valid_a, norm), grad(x_b, eps_b, mask_b, valid_b, norm)
         assert torch.allclose(g_b, ratio * g_a, rtol=1e-4, atol=1e-6)
         dots = influence(torch.stack([g_a, g_b]).double().numpy(), query, cosine=False)
         assert np.allclose(dots[1], ratio * dots[0], rtol=1e-4, atol=1e-8)
-        cosines = influence(torch.stack([g_a, g_b]).double().numpy(), query)
-        assert np.allclose(cosines[0], cosines[1], atol=1e-5)  # cosine influence is length-free either way
+
+
+def test_length_detrending_removes_exactly_the_linear_trend_in_frames():
+    from icml.methods.attribute_motion.attribution import length_detrended
+
+    rng = np.random.default_rng(0)
+    frames = rng.choice([3, 5, 7], 40)
+    base = rng.normal(size=(40, 3))
+    trended = base + np.outer(frames, [0.1, -0.2, 0.0])
+    out = length_detrended(trended, frames)
+    centred = frames - frames.mean()
+    assert np.allclose(centred @ out, 0, atol=1e-12)  # no linear trend in F is left, per query
+    # an added trend is removed exactly, up to its pool mean F̄·a
+    assert np.allclose(out - length_detrended(base, frames), frames.mean() * np.array([0.1, -0.2, 0.0]), atol=1e-12)
+    assert np.allclose(out.mean(0), trended.mean(0), atol=1e-12)  # the pool mean of each query is kept
+    same = np.full(40, 5)
+    assert np.array_equal(length_detrended(trended, same), trended)  # one length: nothing to correct
+
+
+def test_identical_content_at_4_and_8_frames_scores_alike_on_the_real_model():
+    """The default UNet (spec config, 1.1 M attribution parameters, Fastfood D = 512): a pool of 6 orbit
+    and 6 other clips, each rendered at valid length 4 and, every other factor equal, at 8; 6 orbit queries
+    of random length. The plain cosine (`none`) scores one length of the same content well apart from the
+    other (a clip matches queries of its own frame support); the frame-length correction brings the two
+    renderings within a few per cent while keeping orbit clips above the others."""
+    import dataclasses
+
+    from icml.methods.attribute_motion.attribution import length_detrended
+
+    model = build_unet(8, 16, [32, 64, 64], 1, seed=0)
+    rng = np.random.default_rng(5)
+    queries = [make_clip(random_spec(rng, "orbit")) for _ in range(6)]
+    specs = [random_spec(rng, m, valid_len=8) for m in ["orbit"] * 6 + ["right", "down", "bounce", "jitter"] * 2][:12]
+    pool = [make_clip(dataclasses.replace(s, valid_len=n)) for n in (4, 8) for s in specs]
+    clips = queries + pool
+    stack = lambda key: torch.as_tensor(np.stack([getattr(c, key) for c in clips]))  # noqa: E731
+    feats = featurize(model, stack("frames"), stack("valid"), stack("flow"), torch.full((len(clips),), 21),
+                      np.arange(len(clips)), Setting(), dim=512, proj_seed=0, chunk=len(clips), dense=False,
+                      cos_subset=0)
+    frames = feats["loss_frames"][6:]
+    assert frames[:6].tolist() == [3] * 6 and frames[12:18].tolist() == [7] * 6
+    plain = influence(feats["fastfood"][6:], feats["fastfood"][:6])
+    corrected = length_detrended(plain, frames)
+
+    def gap(scores):  # orbit at 8 frames vs the same orbits at 4, relative to their mean
+        short, long = scores[:6].mean(), scores[12:18].mean()
+        return abs(long - short) / ((long + short) / 2)
+
+    assert gap(plain.mean(1)) > 0.1
+    assert gap(corrected.mean(1)) < 0.5 * gap(plain.mean(1))
+    orbit = np.r_[0:6, 12:18]
+    others = np.r_[6:12, 18:24]
+    assert corrected.mean(1)[orbit].mean() > corrected.mean(1)[others].mean()
 
 
 def tiny_pool():
@@ -248,3 +300,121 @@ def test_spearman_matches_scipy_with_ties():
     scores, lengths = rng.random(40), rng.choice([4, 6, 8], 40)
     assert spearman(scores, lengths) == pytest.approx(spearmanr(scores, lengths).statistic, abs=1e-12)
     assert spearman(lengths, lengths) == pytest.approx(1.0)
+
+
+def panned_static_scene(step=(1, 0), frames=8):
+    """A pure camera pan of a static scene: frame f is frame 0 rolled by f·step px (the sprite moves with the
+    background), analytic flow = step on every pixel of every frame with a successor."""
+    still = clip("static", valid_len=frames)
+    scene = still.frames[0]
+    video = np.stack([np.roll(scene, (f * step[1], f * step[0]), axis=(0, 1)) for f in range(frames)])
+    flow = np.zeros((frames, 2, 16, 16), np.float32)
+    flow[:-1, 0], flow[:-1, 1] = step
+    return torch.as_tensor(video)[None], torch.ones(1, frames, dtype=torch.bool), torch.as_tensor(flow)[None]
+
+
+def test_a_pure_pan_of_a_static_scene_has_an_empty_mask_and_zero_influence():
+    video, valid, flow = panned_static_scene((1, 0))
+    assert torch.count_nonzero(motion_mask(flow, valid, 4)) == 0  # camera motion compensated
+    assert torch.count_nonzero(motion_mask(flow, valid, 4, camera="none")) > 0  # raw flow: all of it is "motion"
+    model = build_unet(8, 16, [8, 16, 16], 1, seed=0)
+    moving = clip("orbit", valid_len=8)
+    videos = torch.cat([video, torch.as_tensor(moving.frames)[None]])
+    feats = featurize(model, videos, torch.cat([valid, torch.as_tensor(moving.valid)[None]]),
+                      torch.cat([flow, torch.as_tensor(moving.flow)[None]]), torch.tensor([21, 21]), np.arange(2),
+                      Setting(), dim=32, proj_seed=0, chunk=2, dense=False, cos_subset=0)["fastfood"]
+    assert np.count_nonzero(feats[0]) == 0 and np.count_nonzero(feats[1]) > 0
+    assert influence(feats[:1], feats[1:])[0, 0] == 0.0  # the pan scores exactly zero against any query
+
+
+def test_estimated_flow_of_a_pure_pan_loses_most_of_its_mask():
+    """Horn–Schunck on the panned scene (wrapped borders, which no flow explains): compensation removes
+    ~90 % of the mask mass; the residue is estimator error, not motion (README)."""
+    from icml.methods.attribute_motion.flow import estimate_flow
+
+    video, valid, _ = panned_static_scene((1, 0))
+    estimated = estimate_flow(video, "hs")
+    raw = motion_mask(estimated, valid, 4, camera="none", floor=0.25)
+    compensated = motion_mask(estimated, valid, 4, floor=0.25)
+    assert raw.mean() > 0.3  # uncompensated, the whole frame moves
+    assert compensated.mean() < 0.2 * raw.mean()
+
+
+def test_camera_compensation_keeps_object_motion_on_a_still_background():
+    from icml.methods.attribute_motion.flow import camera_compensated
+
+    moving = clip("right", valid_len=8)
+    flow, valid = torch.as_tensor(moving.flow)[None], torch.as_tensor(moving.valid)[None]
+    assert torch.equal(camera_compensated(flow, valid), flow)  # the background is most pixels: median 0
+    assert torch.equal(motion_mask(flow, valid, 4), motion_mask(flow, valid, 4, camera="none"))
+    # the pan decoy (background pans, sprite fixed in frame): the sprite moves against the scene
+    pan = make_clip(random_spec(np.random.default_rng(7), "static", pan=True, valid_len=8))
+    pflow, pvalid = torch.as_tensor(pan.flow)[None], torch.as_tensor(pan.valid)[None]
+    on_sprite = (pflow[0, 0].abs().sum(0) == 0)  # zero raw flow: the sprite pixels
+    mask = motion_mask(pflow, pvalid, 1)
+    assert torch.count_nonzero(mask[0, :7][:, ~on_sprite]) == 0 and torch.all(mask[0, :7][:, on_sprite] > 0)
+
+
+def test_gradient_over_k_draws_is_the_mean_of_the_single_draw_gradients():
+    """draws=K: one backward pass on K copies equals the mean of K separate gradients at (t*, ε_k), and
+    the first shared draw is the spec's (t*, ε*) of draws=1."""
+    from icml.methods.attribute_motion.attribution import noise_draws, per_clip_gradients, weighted_mask
+    from icml.methods.attribute_motion.model import timesteps_of, velocity
+
+    model = build_unet(8, 16, [8, 16, 16], 1, seed=0)
+    videos, valid, flow, labels = tiny_pool()
+    setting = Setting(draws=3)
+    t1, eps1 = noise_draws(Setting(), 4, (24, 16, 16))
+    t3, eps3 = noise_draws(setting, 4, (24, 16, 16))
+    assert torch.equal(eps3[:, :1], eps1) and torch.equal(t3[:, :1], t1)
+    assert torch.equal(eps3[0], eps3[3]) and not torch.allclose(eps3[0, 0], eps3[0, 1])  # shared by clips, not draws
+    averaged = dict(per_clip_gradients(model, videos, valid, flow, labels, setting, np.arange(4)))
+    params = [p for n, p in model.named_parameters() if not n.startswith("class_embedding")]
+    x0, masks = to_channels(videos), weighted_mask(flow, valid, setting)
+    for i in (0, 1):
+        singles = []
+        for k in range(3):
+            loss = masked_fm_loss(lambda x, t, y: velocity(model, x, t, y), x0[i:i + 1], eps3[i, k:k + 1],
+                                  timesteps_of(t3[i, k:k + 1]), torch.tensor([21]), masks[i:i + 1]).sum()
+            singles.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+        reference = torch.stack(singles).mean(0)
+        scale = reference.abs().max()
+        assert torch.allclose(averaged[i], reference, atol=64 * torch.finfo(torch.float32).eps * float(scale))
+
+
+def test_sampler_is_the_schedulers_euler_with_cfg_on_a_constant_field():
+    """MotionPipeline integrates dx/dσ = v from σ = 1 to 0 with the scheduler's steps; for a velocity field
+    that is constant (a for the prompt, b for the null prompt) the result is exactly x₁ − (b + w(a − b))."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from icml.methods.attribute_motion.model import pipeline_class
+
+    class Constant(torch.nn.Module):
+        def forward(self, x, t, class_labels):
+            out = torch.where((class_labels == 21)[:, None, None, None], torch.full_like(x, -0.5), torch.full_like(x, 2.0))
+            return type("Out", (), {"sample": out})()
+
+    noise = torch.randn(3, 6, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pipe = pipeline_class()(unet=Constant(), scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
+    for steps, w in ((1, 1.0), (7, 2.0), (20, 2.0)):
+        x = pipe(torch.tensor([0, 5, 20]), steps=steps, cfg_scale=w, noise=noise)
+        assert torch.allclose(x, noise - (-0.5 + w * 2.5), atol=64 * torch.finfo(torch.float32).eps)
+
+
+def test_forward_process_is_the_schedulers_scale_noise():
+    from icml.methods.attribute_motion.model import add_noise, timesteps_of
+
+    x0, eps = torch.randn(4, 6, 4, 4), torch.randn(4, 6, 4, 4)
+    sigma = torch.tensor([0.75, 0.001, 1.0, 0.523])
+    assert torch.allclose(timesteps_of(sigma), torch.tensor([750.0, 1.0, 1000.0, 523.0]), atol=1e-3)
+    assert timesteps_of(torch.rand(64, generator=torch.Generator().manual_seed(0)) * 0.9 + 0.05).shape == (64,)
+    expected = (1 - sigma)[:, None, None, None] * x0 + sigma[:, None, None, None] * eps
+    assert torch.allclose(add_noise(x0, eps, timesteps_of(sigma)), expected, atol=4 * torch.finfo(torch.float32).eps)
+
+
+def test_average_precision_is_scikit_learns():
+    from sklearn.metrics import average_precision_score
+
+    rng = np.random.default_rng(1)
+    relevant = (rng.random(50) < 0.2).astype(float)
+    assert average_precision(relevant) == pytest.approx(average_precision_score(relevant, -np.arange(50)), abs=1e-12)

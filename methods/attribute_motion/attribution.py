@@ -1,9 +1,9 @@
 """Motive's attribution: masked flow-matching gradients at one shared (t*, ε*), projected, turned
 into cosine influence, aggregated over queries by majority vote, and scored as retrieval.
 
-A selector variant is a `Featurizer` setting (mask on/off, shared or fresh noise, length norm,
-projection) plus a scoring rule (cosine or, for `no_length_norm`, the raw dot product) and an
-aggregation (vote or mean).
+A selector variant is a gradient `Setting` (mask on/off, shared or fresh noise, frame-length
+weights, number of draws, camera compensation) plus a projection (Fastfood or dense) and an
+aggregation (vote or mean); influence is always the cosine.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 from icml.cli.threads import single_thread, threads_for
 from icml.data.videos import NULL_PROMPT
 from icml.methods.attribute_motion.flow import motion_mask
-from icml.methods.attribute_motion.model import frame_weights, seed_of, to_channels, velocity
+from icml.methods.attribute_motion.model import add_noise, seed_of, timesteps_of, to_channels, velocity
 from icml.methods.attribute_motion.projection import DenseGaussian, Fastfood
 
 DECOYS = ("pan", "jitter", "static")
@@ -30,7 +30,8 @@ def stacked_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def normaliser(mask: torch.Tensor, valid: torch.Tensor, length_norm: str) -> torch.Tensor:
-    """Z(x) per clip: valid frames (`frames`), ΣM (`mask_sum`) or 1 (`none`)."""
+    """Z(x) of L_mot per clip: valid frames (`frames`), ΣM (`mask_sum`) or 1 (`none`). A per-clip scalar, so
+    the cosine cancels it; the frame-length correction that acts is `attribution_units`."""
     if length_norm == "frames":
         return valid.float().sum(1)
     if length_norm == "mask_sum":
@@ -39,15 +40,15 @@ def normaliser(mask: torch.Tensor, valid: torch.Tensor, length_norm: str) -> tor
     return torch.ones(len(mask))
 
 
-def masked_fm_loss(denoiser, x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor, labels: torch.Tensor,
-                   mask: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """L_mot per clip = Σ M ⊙ (v_θ(x_t, t, c) − (ε − x₀))² / Z, on stacked clips (N, 3T, H, W).
+def masked_fm_loss(denoiser, x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor,
+                   mask: torch.Tensor) -> torch.Tensor:
+    """L_mot per clip = Σ M ⊙ (v_θ(x_t, t, c) − (ε − x₀))², on stacked clips (N, 3T, H, W), x_t the scheduler's
+    forward process at `timesteps` (1000·t); 1/Z(x) is folded into M (`weighted_mask`).
 
     The mask weights the loss; the network always sees the whole, unmasked x_t."""
-    tt = t[:, None, None, None]
-    x_t = (1 - tt) * x0 + tt * eps
-    error = (denoiser(x_t, t, labels) - (eps - x0)) ** 2
-    return (mask * error).sum((1, 2, 3)) / z
+    x_t = add_noise(x0, eps, timesteps)
+    error = (denoiser(x_t, timesteps, labels) - (eps - x0)) ** 2
+    return (mask * error).sum((1, 2, 3))
 
 
 # gradients ---------------------------------------------------------------------------------------
@@ -67,37 +68,50 @@ class Setting:
     t_star: float = 0.75
     attr_seed: int = 0
     patch: int = 4
+    draws: int = 1  # (t, ε) draws the gradient is averaged over (the spec: one)
+    camera: str = "median"  # camera-motion compensation of the mask's flow: median | none
+    floor: float = 0.25  # px: compensated flow below it is no motion
 
     def key(self) -> str:
         return (f"s{self.attr_seed}_t{self.t_star:g}_mask{'on' if self.mask else 'off'}_p{self.patch}_"
-                f"{'shared' if self.shared_noise else 'indep'}_{self.length_norm}_{self.prompt}")
+                f"{'shared' if self.shared_noise else 'indep'}_{self.length_norm}_{self.prompt}_k{self.draws}_"
+                f"cam{self.camera}_fl{self.floor:g}")
 
 
 def noise_draws(setting: Setting, n: int, shape: tuple, fresh_ids: np.ndarray | None = None):
-    """(t, ε) per clip: one shared draw from the attribution seed, or (indep_noise) a fresh draw
-    per clip from (seed, clip index)."""
+    """(t (n, K), ε (n, K, *shape)): K = `draws` shared draws from the attribution seed, the first of them
+    (t*, ε*); or (indep_noise) K fresh draws per clip from (seed, clip index)."""
+    k = setting.draws
     if setting.shared_noise:
         gen = torch.Generator().manual_seed(seed_of(setting.attr_seed, 7))
-        eps = torch.randn(shape, generator=gen)
-        return torch.full((n,), setting.t_star), eps.expand(n, *shape)
+        eps = torch.stack([torch.randn(shape, generator=gen) for _ in range(k)])
+        return torch.full((n, k), setting.t_star), eps.expand(n, *eps.shape)
     ts, epss = [], []
     for i in fresh_ids:
         gen = torch.Generator().manual_seed(seed_of(setting.attr_seed, 11, int(i)))
-        ts.append(float(torch.rand((), generator=gen) * 0.9 + 0.05))
-        epss.append(torch.randn(shape, generator=gen))
-    return torch.tensor(ts), torch.stack(epss)
+        draws = [(float(torch.rand((), generator=gen) * 0.9 + 0.05), torch.randn(shape, generator=gen)) for _ in range(k)]
+        ts.append(torch.tensor([t for t, _ in draws]))
+        epss.append(torch.stack([e for _, e in draws]))
+    return torch.stack(ts), torch.stack(epss)
 
 
 def clip_masks(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> torch.Tensor:
+    """(N, T, H, W) motion mask, or (no_mask) every valid pixel."""
     if setting.mask:
-        return stacked_mask(motion_mask(flow, valid, setting.patch))
+        return motion_mask(flow, valid, setting.patch, setting.camera, setting.floor)
     n, t, _, h, w = flow.shape
-    return frame_weights(valid).expand(n, 3 * t, h, w).clone()  # unmasked: every valid pixel counts
+    return valid.float()[..., None, None].expand(n, t, h, w).clone()
+
+
+def weighted_mask(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> torch.Tensor:
+    """M / Z(x), stacked (N, 3T, H, W)."""
+    mask = clip_masks(flow, valid, setting)
+    return stacked_mask(mask / normaliser(mask, valid, setting.length_norm)[:, None, None, None])
 
 
 def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids: np.ndarray):
-    """Yield (slice, gradients (B, n)) per clip, the loss with Z = 1: length norms are applied to the
-    projected features (a per-clip scalar, and projection is linear)."""
+    """Yield (index, gradient (n,)) per clip: ∇θ of L_mot averaged over the clip's K draws (one backward
+    pass on the K copies)."""
     params = attribution_parameters(model)
     for _, p in model.named_parameters():
         p.requires_grad_(False)
@@ -105,16 +119,17 @@ def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids
         p.requires_grad_(True)
     weights = [p for _, p in params]
     x0 = to_channels(videos)
-    masks = clip_masks(flow, valid, setting)
+    masks = weighted_mask(flow, valid, setting)
     t, eps = noise_draws(setting, len(x0), tuple(x0.shape[1:]), ids)
+    timesteps = timesteps_of(t)
     prompt = labels if setting.prompt == "own" else torch.full_like(labels, NULL_PROMPT)
-    ones = torch.ones(1)
+    k = setting.draws
     denoiser = lambda x, tt, y: velocity(model, x, tt, y)  # noqa: E731
     model.eval()
     for i in range(len(x0)):
-        part = slice(i, i + 1)
+        copies = lambda a: a[i:i + 1].expand(k, *a.shape[1:])  # noqa: E731
         with single_thread():
-            loss = masked_fm_loss(denoiser, x0[part], eps[part], t[part], prompt[part], masks[part], ones).sum()
+            loss = masked_fm_loss(denoiser, copies(x0), eps[i], timesteps[i], copies(prompt), copies(masks)).mean()
             grads = torch.autograd.grad(loss, weights)
             flat = torch.cat([g.reshape(-1) for g in grads])
         yield i, flat
@@ -124,8 +139,8 @@ def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids
 
 def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: int, proj_seed: int, chunk: int,
               dense: bool, cos_subset: int, progress=None) -> dict:
-    """Projected gradients (Z = 1) of every clip: {'fastfood': (N, D), 'dense': (N, D) or None,
-    'z': {norm: (N,)}, 'exact_cos' / 'fastfood_cos' / 'dense_cos' on the first `cos_subset` clips, and the
+    """Projected gradients of every clip: {'fastfood': (N, D), 'dense': (N, D) or None, 'loss_frames': (N,),
+    'exact_cos' / 'fastfood_cos' / 'dense_cos' on the first `cos_subset` clips, and the
     seconds spent in gradients, Fastfood and the dense projection}."""
     n_params = sum(p.numel() for _, p in attribution_parameters(model))
     fastfood = Fastfood(n_params, dim, proj_seed)
@@ -164,9 +179,8 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
             progress(1)
         tick = time.perf_counter()
     flush()
-    masks = clip_masks(flow, valid, setting)
-    z = {norm: normaliser(masks, valid, norm).numpy() for norm in ("frames", "mask_sum", "none")}
-    result = {"fastfood": out_ff.numpy(), "dense": None if out_dense is None else out_dense.numpy(), "z": z, **seconds}
+    result = {"fastfood": out_ff.numpy(), "dense": None if out_dense is None else out_dense.numpy(),
+              "loss_frames": loss_frames(flow, valid, setting), **seconds}
     if subset:
         exact = torch.stack(subset)
         result["exact_cos"] = cosine_matrix(exact.double()).numpy()
@@ -174,6 +188,31 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
         if dense:
             result["dense_cos"] = cosine_matrix(out_dense[:len(subset)].double()).numpy()
     return result
+
+
+def loss_frames(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> np.ndarray:
+    """F(x): the clip's frames that carry loss (valid, with a non-empty mask), the terms its gradient sums."""
+    mass = (clip_masks(flow, valid, setting) * valid.float()[..., None, None]).sum((2, 3))
+    return (mass > 0).sum(1).numpy().astype(np.int64)
+
+
+def length_detrended(scores: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    """The frame-length correction of `length_norm=frames`: per query, remove the part of the pool's
+    influence that is linear in F(x), the pool clip's frames that carry loss:
+    I(x, q) − β_q (F(x) − F̄), β_q the least-squares slope of I(·, q) on F over the pool.
+
+    Why here: a per-clip Z(x) in the loss is a scalar the cosine cancels, and in the stacked-frame model
+    the length effect is not one of gradient size but of frame support (which output frames carry loss,
+    which input frames are padding): a clip matches queries of its own length better (README, "Frame-length
+    correction", measured). A per-query trend over the pool removes that bias whatever its sign, without
+    rescaling the cosine. A pool of one length is left unchanged."""
+    frames = np.asarray(frames, dtype=np.float64)
+    centred = frames - frames.mean()
+    var = float((centred ** 2).sum())
+    if var == 0:
+        return scores
+    slope = centred @ scores / var  # (Q,)
+    return scores - centred[:, None] * slope[None, :]
 
 
 def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -224,11 +263,13 @@ def selection_flags(rank: np.ndarray, budget: int) -> np.ndarray:
 
 # retrieval metrics ----------------------------------------------------------------------------------
 def average_precision(relevant_in_order: np.ndarray) -> float:
-    hits = np.cumsum(relevant_in_order)
-    if hits[-1] == 0:
+    """scikit-learn's average precision of a ranking (best first; nan without a relevant clip)."""
+    from sklearn.metrics import average_precision_score
+
+    relevant = np.asarray(relevant_in_order) > 0
+    if not relevant.any():
         return float("nan")
-    precision = hits / np.arange(1, len(relevant_in_order) + 1)
-    return float((precision * relevant_in_order).sum() / hits[-1])
+    return float(average_precision_score(relevant, -np.arange(len(relevant))))
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -103,11 +103,15 @@ def synthetic(cfg, seed: int) -> ClipSets:
     return ClipSets(videos, valid, flow, labels, pd.DataFrame(rows), True)
 
 
-def from_folder(cfg, seed: int) -> ClipSets:
-    """User clips: motion factors unknown except through the query prompt ids."""
+def from_folder(cfg, seed: int, staging: Path | None = None) -> ClipSets:
+    """User clips: motion factors unknown except through the query prompt ids. Video files are decoded
+    once into `staging` (uint8 .npy) and read with the other clips."""
+    from icml.methods.attribute_motion.video_files import staged_folder
+
     c = cfg.clips
     try:
-        splits = load_clip_folder(cfg.data, c.frames, c.size)
+        folder = staged_folder(Path(cfg.data), c.frames, staging) if staging is not None else Path(cfg.data)
+        splits = load_clip_folder(folder, c.frames, c.size)
     except VideoDataError as exc:
         raise IcmlError(str(exc), "see the attribute-motion README for the folder layout") from None
     clips, rows = [], []
@@ -127,8 +131,8 @@ def from_folder(cfg, seed: int) -> ClipSets:
     return ClipSets(videos, valid, flow, labels, pd.DataFrame(rows), False)
 
 
-def build(cfg, seed: int) -> ClipSets:
-    return from_folder(cfg, seed) if cfg.data else synthetic(cfg, seed)
+def build(cfg, seed: int, staging: Path | None = None) -> ClipSets:
+    return from_folder(cfg, seed, staging) if cfg.data else synthetic(cfg, seed)
 
 
 def evaluator_clips(cfg, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

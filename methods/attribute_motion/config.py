@@ -45,7 +45,10 @@ class ModelConfig:
 class AttrConfig:
     t_star: float = 0.75
     patch: int = 4
-    length_norm: str = "frames"  # frames | mask_sum | none
+    length_norm: str = "frames"  # frames (per-frame weights) | mask_sum | none (README: the frame-length correction)
+    draws: int = 1  # shared (t, ε) draws each gradient is averaged over (the spec: one shared pair)
+    camera: str = "median"  # subtract each frame's median flow (camera motion) before the mask: median | none
+    flow_floor: float = 0.25  # px: compensated flow below this is not motion
     prompt: str = "null"  # null | own
     dim: int = 512
     proj_seed: int = 0
@@ -77,6 +80,7 @@ class AttributeMotionConfig:
     selectors: list[str] = field(default_factory=lambda: list(SELECTORS))
     arms: list[str] = field(default_factory=lambda: list(ARMS))
     primary_target: str = "orbit"
+    backend: str = "unet"  # unet: the stacked-frame UNet2DModel pipeline | wan: a local WanPipeline (--preset paper)
     data: str | None = None  # a user folder of clips + captions.csv (--data)
     model: str | None = None  # a local stacked-frame UNet2DModel directory (--model)
     clips: DataConfig = field(default_factory=DataConfig)
@@ -111,7 +115,8 @@ def preset(name: str) -> AttributeMotionConfig:
         cfg.unet.sample_steps = 10
     elif name == "default":
         cfg.unet.steps = 700  # spec: ~2k; 700 keeps train+eval inside 15 min on 2 cores and the base weak on the target (README)
-    elif name == "paper":  # documented only: a Wan pipeline from a local directory, user clips
+    elif name == "paper":  # a Wan pipeline from a local directory (--model), user clips
+        cfg.backend = "wan"
         cfg.clips.frames = 81
         cfg.clips.size = 480
         cfg.attr.flow = "lk"
@@ -125,6 +130,14 @@ def validate(cfg: AttributeMotionConfig) -> None:
     """Reject values the run cannot use, in one line each."""
     from pathlib import Path
 
+    if cfg.backend not in ("unet", "wan"):
+        raise ValueError(f"backend must be unet or wan, not '{cfg.backend}'")
+    if cfg.backend == "wan" and not cfg.model:
+        raise ValueError("--preset paper runs Motive on a Wan2.1/2.2 text-to-video pipeline: pass --model DIR, a local "
+                         "WanPipeline directory (WanPipeline.save_pretrained or a downloaded Wan2.1-T2V-1.3B-Diffusers)")
+    if cfg.backend == "wan":
+        raise ValueError("backend wan (--preset paper) is not implemented in this build: the Wan path (VAE-latent "
+                         "gradients over WanTransformer3DModel) is missing; use --preset default or smoke with the UNet")
     for key, values, valid in (("selectors", cfg.selectors, SELECTORS), ("arms", cfg.arms, ARMS)):
         unknown = [v for v in values if v not in valid]
         if unknown:
@@ -136,6 +149,10 @@ def validate(cfg: AttributeMotionConfig) -> None:
         raise ValueError(f"primary_target '{cfg.primary_target}' is not in clips.targets {cfg.clips.targets}")
     if cfg.attr.length_norm not in LENGTH_NORMS:
         raise ValueError(f"attr.length_norm must be one of {', '.join(LENGTH_NORMS)}, not '{cfg.attr.length_norm}'")
+    if cfg.attr.camera not in ("median", "none"):
+        raise ValueError(f"attr.camera must be median or none, not '{cfg.attr.camera}'")
+    if cfg.attr.flow_floor < 0:
+        raise ValueError(f"attr.flow_floor must be ≥ 0 px, not {cfg.attr.flow_floor}")
     if cfg.attr.prompt not in ("null", "own"):
         raise ValueError(f"attr.prompt must be null or own, not '{cfg.attr.prompt}'")
     if cfg.attr.flow not in FLOWS:
@@ -153,7 +170,7 @@ def validate(cfg: AttributeMotionConfig) -> None:
     if not cfg.attr.attr_seeds:
         raise ValueError("attr.attr_seeds needs at least one seed")
     for key in ("clips.n_pretrain", "clips.n_pool", "clips.n_queries", "clips.n_heldout", "unet.steps",
-                "unet.batch_size", "unet.sample_steps", "attr.dim", "attr.patch", "attr.chunk", "attr.cos_subset",
+                "unet.batch_size", "unet.sample_steps", "attr.dim", "attr.draws", "attr.patch", "attr.chunk", "attr.cos_subset",
                 "finetune.steps", "finetune.batch_size", "eval.n_videos", "eval.evaluator_clips",
                 "eval.evaluator_steps", "clips.frames", "clips.size"):
         section, name = key.split(".")
@@ -163,6 +180,9 @@ def validate(cfg: AttributeMotionConfig) -> None:
         raise ValueError(f"clips.frames must be at least 2, not {cfg.clips.frames}")
     if cfg.data and not Path(cfg.data).is_dir():
         raise ValueError(f"data '{cfg.data}' is not a folder (expected clips plus captions.csv)")
-    if cfg.model and not (Path(cfg.model) / "config.json").is_file():
-        raise ValueError(f"model '{cfg.model}' is not a UNet2DModel directory (no config.json; "
-                         "save one with save_pretrained)")
+    if cfg.model and not any((Path(cfg.model) / name).is_file() for name in ("model_index.json", "config.json")):
+        raise ValueError(f"model '{cfg.model}' is not a pipeline or UNet2DModel directory (no model_index.json or "
+                         "config.json; save one with save_pretrained)")
+    if abs(cfg.attr.t_star * 1000 - round(cfg.attr.t_star * 1000)) > 1e-9:
+        raise ValueError(f"attr.t_star must be on the scheduler's table of 1000 levels (a multiple of 0.001), "
+                         f"not {cfg.attr.t_star}")

@@ -164,16 +164,33 @@ def estimate_flow(videos: torch.Tensor, method: str = "lk") -> torch.Tensor:
     return torch.cat([flow, torch.zeros(n, 1, 2, *videos.shape[2:4])], 1)
 
 
+def camera_compensated(flow: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Flow (N, T, 2, H, W) relative to the camera: each valid frame minus its median flow vector
+    (per component, over the frame's pixels). A pan or a global translation moves most pixels by the
+    same vector, so the median is that vector and a static scene under a moving camera is left still;
+    an object moving over a still background (the background is most pixels) keeps its flow."""
+    n, t, _, h, w = flow.shape
+    median = flow.reshape(n, t, 2, h * w).median(dim=-1).values[..., None, None]
+    return (flow - median) * valid.float()[:, :, None, None, None]
+
+
 def patch_magnitude(flow: torch.Tensor, valid: torch.Tensor, patch: int) -> torch.Tensor:
     """Mean displacement magnitude per p×p patch, (N, T, H/p, W/p), zero on padded frames."""
     magnitude = flow.norm(dim=2)
     return F.avg_pool2d(magnitude, patch) * valid.float()[..., None, None]
 
 
-def motion_mask(flow: torch.Tensor, valid: torch.Tensor, patch: int) -> torch.Tensor:
-    """The Motive mask M ∈ [0, 1]^{N×T×H×W}: patch magnitudes normalised by each clip's maximum
-    (an all-zero clip stays zero), times frame validity, upsampled back to full resolution."""
-    pooled = patch_magnitude(flow, valid, patch)
+def motion_mask(flow: torch.Tensor, valid: torch.Tensor, patch: int, camera: str = "median",
+                floor: float = 0.0) -> torch.Tensor:
+    """The Motive mask M ∈ [0, 1]^{N×T×H×W}: camera-compensated displacement magnitudes (`camera=median`;
+    `none` keeps the raw flow), zeroed below `floor` px (estimated flow leaves sub-pixel residue that the
+    max-normalisation would otherwise blow up to 1), p×p patch means normalised by each clip's maximum (an
+    all-zero clip stays zero), times frame validity, upsampled back to full resolution."""
+    if camera == "median":
+        flow = camera_compensated(flow, valid)
+    magnitude = flow.norm(dim=2)
+    magnitude = torch.where(magnitude > floor, magnitude, torch.zeros_like(magnitude))
+    pooled = F.avg_pool2d(magnitude, patch) * valid.float()[..., None, None]
     peak = pooled.amax(dim=(1, 2, 3), keepdim=True)
     normed = torch.where(peak > 0, pooled / peak.clamp_min(1e-12), torch.zeros_like(pooled))
     return normed.repeat_interleave(patch, -2).repeat_interleave(patch, -1)

@@ -1,9 +1,11 @@
 """The tiny video flow-matching generator: a diffusers UNet2DModel with the T frames stacked in
-channels (3T), class-conditioned on a prompt id (the null prompt is the last class).
+channels (3T), class-conditioned on a prompt id (the null prompt is the last class), and diffusers'
+`FlowMatchEulerDiscreteScheduler` (shift 1) for both the forward process and sampling.
 
-Flow matching (rectified flow): x_t = (1 − t)·x₀ + t·ε, the network predicts v = ε − x₀.
-Generation integrates dx/dt = v from t = 1 (noise) to t = 0 with Euler steps and
-classifier-free guidance v = v_null + w·(v_prompt − v_null).
+Flow matching (rectified flow): x_σ = (1 − σ)·x₀ + σ·ε (`scheduler.scale_noise`), the network sees the
+scheduler's timestep 1000·σ and predicts v = ε − x₀. Generation is the scheduler's Euler steps from
+σ = 1 to 0 with classifier-free guidance v = v_null + w·(v_prompt − v_null) (`MotionPipeline`). A run's
+base is saved as a pipeline directory: model_index.json, unet/ and scheduler/.
 """
 from __future__ import annotations
 
@@ -15,7 +17,78 @@ import torch
 from icml.cli.errors import IcmlError
 from icml.data.videos import NULL_PROMPT
 
-TIME_SCALE = 1000.0  # the UNet's sinusoidal time embedding expects diffusion-step-sized inputs
+TRAIN_TIMESTEPS = 1000  # the scheduler's table: timesteps 1000, 999, …, 1 = 1000·σ
+
+
+def make_scheduler(config: dict | None = None):
+    """The training-table scheduler (no set_timesteps): its `scale_noise` is the forward process."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    if config is not None:
+        return FlowMatchEulerDiscreteScheduler.from_config(config)
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=TRAIN_TIMESTEPS, shift=1.0)
+
+
+_TRAINING_SCHEDULER = None
+
+
+def training_scheduler():
+    global _TRAINING_SCHEDULER
+    if _TRAINING_SCHEDULER is None:
+        _TRAINING_SCHEDULER = make_scheduler()
+    return _TRAINING_SCHEDULER
+
+
+def timesteps_of(sigma: torch.Tensor) -> torch.Tensor:
+    """σ ∈ (0, 1] → the nearest entry of the scheduler's table (≈ 1000·σ; the table holds σ·1000 in float32,
+    e.g. 522.99994 for σ = 0.523, and `scale_noise` looks timesteps up by equality)."""
+    table = training_scheduler().timesteps
+    wanted = torch.as_tensor(sigma, dtype=torch.float32) * TRAIN_TIMESTEPS
+    return table[(table[None, :] - wanted.reshape(-1, 1)).abs().argmin(1)].reshape(wanted.shape)
+
+
+def add_noise(x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+    """x_σ = (1 − σ)·x₀ + σ·ε by the scheduler (σ = timestep / 1000)."""
+    return training_scheduler().scale_noise(x0, timesteps, eps)
+
+
+def pipeline_class():
+    """`MotionPipeline(unet, scheduler)`: a DiffusionPipeline, so save_pretrained / from_pretrained write and
+    read model_index.json with unet/ and scheduler/ beside it (built lazily: diffusers is heavy to import)."""
+    global _PIPELINE
+    if _PIPELINE is not None:
+        return _PIPELINE
+    from diffusers import DiffusionPipeline
+
+    class MotionPipeline(DiffusionPipeline):
+        """Class-conditional stacked-frame video flow model; `__call__` is Euler + CFG by the scheduler."""
+
+        def __init__(self, unet, scheduler):
+            super().__init__()
+            self.register_modules(unet=unet, scheduler=scheduler)
+
+        @torch.no_grad()
+        def __call__(self, labels: torch.Tensor, *, steps: int, cfg_scale: float, noise: torch.Tensor) -> torch.Tensor:
+            self.unet.eval()
+            self.scheduler.set_timesteps(steps)
+            x = noise.clone()
+            null = torch.full_like(labels, NULL_PROMPT)
+            for t in self.scheduler.timesteps:
+                v = self.unet(torch.cat([x, x]), t.expand(2 * len(x)), class_labels=torch.cat([labels, null])).sample
+                v_prompt, v_null = v.chunk(2)
+                x = self.scheduler.step(v_null + cfg_scale * (v_prompt - v_null), t, x).prev_sample
+            return x
+
+    MotionPipeline.__module__ = __name__
+    _PIPELINE = MotionPipeline
+    return _PIPELINE
+
+
+_PIPELINE = None
+
+
+def save_pipeline(model, path: str | Path, scheduler=None) -> None:
+    pipeline_class()(unet=model, scheduler=scheduler or make_scheduler()).save_pretrained(str(path))
 
 
 def build_unet(frames: int, size: int, block_out_channels: list[int], layers_per_block: int, seed: int):
@@ -30,15 +103,46 @@ def build_unet(frames: int, size: int, block_out_channels: list[int], layers_per
 
 
 def load_unet(path: str | Path, frames: int, size: int):
+    """The stacked-frame UNet of a pipeline directory (model_index.json with unet/ and a flow-matching
+    scheduler/, as `save_pipeline` writes) or of a bare UNet2DModel directory (config.json)."""
+    import json
+
     from diffusers import UNet2DModel
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.set_verbosity_error()  # no advice about optional packages on every load
+    root = Path(path)
+    index = root / "model_index.json"
+    subfolder = None
+    if index.is_file():
+        try:
+            components = json.loads(index.read_text())
+        except ValueError as exc:
+            raise IcmlError(f"'{index}' is not valid JSON ({exc})", "re-save the pipeline with save_pretrained") from None
+        if components.get("_class_name") == "WanPipeline":
+            raise IcmlError(f"model '{path}' is a WanPipeline; this preset uses the stacked-frame UNet",
+                            "run it with --preset paper")
+        scheduler = components.get("scheduler", [None, None])[1]
+        if "unet" not in components or scheduler != "FlowMatchEulerDiscreteScheduler":
+            raise IcmlError(f"model '{path}' is a {components.get('_class_name')} with unet={components.get('unet')} "
+                            f"and scheduler {scheduler}; needs a UNet2DModel with a FlowMatchEulerDiscreteScheduler",
+                            "save a velocity-trained UNet2DModel with a FlowMatchEulerDiscreteScheduler beside it")
+        config_path = root / "scheduler" / "scheduler_config.json"
+        try:
+            scheduler_config = json.loads(config_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise IcmlError(f"'{config_path}' is missing or not valid JSON ({type(exc).__name__})",
+                            "re-save the pipeline with save_pretrained") from None
+        if scheduler_config.get("shift", 1.0) != 1.0 or scheduler_config.get("use_dynamic_shifting"):
+            raise IcmlError(f"'{config_path}' shifts the σ schedule (shift {scheduler_config.get('shift')}); "
+                            "this method trains and attributes on the unshifted table", "save the scheduler with shift=1.0")
+        subfolder = "unet"
     try:
-        model = UNet2DModel.from_pretrained(str(path), local_files_only=True)
+        model = UNet2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
     except Exception as exc:
         raise IcmlError(f"model '{path}' cannot be loaded as a UNet2DModel ({type(exc).__name__})",
-                        "pass a directory written by UNet2DModel.save_pretrained") from None
+                        "pass a pipeline directory (model_index.json, unet/, scheduler/) or a UNet2DModel.save_pretrained "
+                        "directory") from None
     config = model.config
     if config.in_channels != 3 * frames or config.out_channels != 3 * frames:
         raise IcmlError(f"model '{path}' has {config.in_channels} input channels; this run stacks {frames} frames "
@@ -66,14 +170,14 @@ def frame_weights(valid: torch.Tensor) -> torch.Tensor:
     return valid.float().repeat_interleave(3, dim=1)[..., None, None]
 
 
-def velocity(model, x_t: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return model(x_t, t * TIME_SCALE, class_labels=labels).sample
+def velocity(model, x_t: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return model(x_t, timesteps, class_labels=labels).sample
 
 
-def fm_loss(model, x0, valid, labels, t, eps) -> torch.Tensor:
+def fm_loss(model, x0, valid, labels, timesteps, eps) -> torch.Tensor:
     """Unmasked flow-matching loss per clip: mean squared velocity error over the valid frames."""
-    x_t = (1 - t)[:, None, None, None] * x0 + t[:, None, None, None] * eps
-    error = (velocity(model, x_t, t, labels) - (eps - x0)) ** 2
+    x_t = add_noise(x0, eps, timesteps)
+    error = (velocity(model, x_t, timesteps, labels) - (eps - x0)) ** 2
     weight = frame_weights(valid)
     return (error * weight).sum((1, 2, 3)) / (weight.sum((1, 2, 3)) * x0.shape[2] * x0.shape[3])
 
@@ -92,7 +196,7 @@ def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Ten
         x0, v, y = x_all[idx], valid[idx], labels[idx].clone()
         drop = torch.rand(batch_size, generator=gen) < label_dropout
         y[drop] = NULL_PROMPT
-        t = torch.rand(batch_size, generator=gen)
+        t = training_scheduler().timesteps[torch.randint(TRAIN_TIMESTEPS, (batch_size,), generator=gen)]
         eps = torch.randn(x0.shape, generator=gen)
         loss = fm_loss(model, x0, v, y, t, eps).mean()
         opt.zero_grad(set_to_none=True)
@@ -113,7 +217,7 @@ def heldout_loss(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch
     model.eval()
     x0 = to_channels(videos)
     gen = torch.Generator().manual_seed(seed)
-    t = torch.rand(len(x0), generator=gen)
+    t = training_scheduler().timesteps[torch.randint(TRAIN_TIMESTEPS, (len(x0),), generator=gen)]
     eps = torch.randn(x0.shape, generator=gen)
     total = 0.0
     for start in range(0, len(x0), batch):
@@ -122,26 +226,15 @@ def heldout_loss(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch
     return total / len(x0)
 
 
-@torch.no_grad()
 def generate(model, labels: torch.Tensor, frames: int, size: int, *, steps: int, cfg_scale: float, seed: int,
-             batch: int = 64) -> torch.Tensor:
-    """Euler sampling with CFG from shared noise (seed) → videos (N, T, H, W, 3) in [−1, 1]."""
-    model.eval()
+             batch: int = 64, scheduler=None) -> torch.Tensor:
+    """Euler sampling with CFG (`MotionPipeline`) from shared noise (seed) → videos (N, T, H, W, 3) in [−1, 1]."""
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn((len(labels), 3 * frames, size, size), generator=gen)
-    out = []
-    for start in range(0, len(labels), batch):
-        x = noise[start:start + batch].clone()
-        y = labels[start:start + batch]
-        null = torch.full_like(y, NULL_PROMPT)
-        dt = 1.0 / steps
-        for i in range(steps):
-            t = torch.full((len(x),), 1.0 - i * dt)
-            v = velocity(model, torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, null]))
-            v_prompt, v_null = v.chunk(2)
-            x = x - dt * (v_null + cfg_scale * (v_prompt - v_null))
-        out.append(x.clamp(-1, 1))
-    return to_frames(torch.cat(out))
+    pipe = pipeline_class()(unet=model, scheduler=make_scheduler(scheduler.config if scheduler is not None else None))
+    out = [pipe(labels[start:start + batch], steps=steps, cfg_scale=cfg_scale, noise=noise[start:start + batch])
+           for start in range(0, len(labels), batch)]
+    return to_frames(torch.cat(out).clamp(-1, 1))
 
 
 def parameter_count(model) -> int:

@@ -21,12 +21,12 @@ import pandas as pd
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 
-GRADIENT_GROUPS = {"motive": "motive", "motive_dense": "motive", "no_length_norm": "motive", "mean_agg": "motive",
+GRADIENT_GROUPS = {"motive": "motive", "motive_dense": "motive", "mean_agg": "motive", "no_length_norm": "no_length_norm",
                    "no_mask": "no_mask", "indep_noise": "indep_noise"}
 SEEDLESS = ("flow_magnitude", "appearance_match", "full")
-# Scored at the first attribution seed only: the dense projection and the unmasked gradients are a
-# full gradient pass each; seed stability is measured on motive and indep_noise (and their cheap kin).
-FIRST_SEED_ONLY = SEEDLESS + ("motive_dense", "no_mask")
+# Scored at the first attribution seed only: the dense projection, the unmasked and the unweighted
+# gradients are a full gradient pass each; seed stability is measured on motive and indep_noise (and their cheap kin).
+FIRST_SEED_ONLY = SEEDLESS + ("motive_dense", "no_mask", "no_length_norm")
 
 
 # run files ---------------------------------------------------------------------------------------
@@ -43,7 +43,7 @@ def load_state(run_path: Path, cfg):
     from icml.methods.attribute_motion.vbench import AppearanceNet, MotionClassifier
 
     checkpoints = run_path / "checkpoints"
-    for needed in ("base/config.json", "evaluators.pt", "clips.npz", "manifest.json"):
+    for needed in ("base/model_index.json", "evaluators.pt", "clips.npz", "manifest.json"):
         if not (checkpoints / needed).exists():
             raise IcmlError(f"{checkpoints / needed} is missing", f"re-train: icml attribute-motion train")
     manifest = json.loads((checkpoints / "manifest.json").read_text())
@@ -65,13 +65,13 @@ def train(ctx: RunContext) -> None:
 
     from icml.cli.threads import single_thread
     from icml.methods.attribute_motion import clips as clip_sets
-    from icml.methods.attribute_motion.model import (as_tensor, build_unet, load_unet, parameter_count, seed_of,
-                                                     train_fm)
+    from icml.methods.attribute_motion.model import (as_tensor, build_unet, load_unet, parameter_count, save_pipeline,
+                                                     seed_of, train_fm)
     from icml.methods.attribute_motion.vbench import train_evaluators
 
     cfg = ctx.config
     with single_thread():
-        sets = clip_sets.build(cfg, ctx.seed)
+        sets = clip_sets.build(cfg, ctx.seed, staging=ctx.checkpoints / "decoded")
         ctx.write_table("clips", sets.table)
         sets.save(ctx.checkpoints / "clips.npz")
         ctx.log(f"clips: { {k: int(v) for k, v in sets.table.groupby('split').size().items()} } ({'user folder' if cfg.data else 'synthetic'})")
@@ -100,7 +100,7 @@ def train(ctx: RunContext) -> None:
                          seed=seed_of(ctx.seed, 2), on_step=on_step)
             ctx.record(rows, split="train")
             ctx.log(f"pretrain loss {rows[-1]['value']:.4f} in {time.perf_counter() - started:.0f} s")
-        model.save_pretrained(base_dir(ctx.run.path))
+        save_pipeline(model, base_dir(ctx.run.path))
 
         videos, valid, motions, shapes, hues = clip_sets.evaluator_clips(cfg, ctx.seed)
         with ctx.progress("evaluators", None):
@@ -123,11 +123,13 @@ def selector_setting(cfg, variant: str, attr_seed: int):
 
     a = cfg.attr
     setting = Setting(mask=True, shared_noise=True, length_norm=a.length_norm, prompt=a.prompt, t_star=a.t_star,
-                      attr_seed=attr_seed, patch=a.patch)
+                      attr_seed=attr_seed, patch=a.patch, draws=a.draws, camera=a.camera, floor=a.flow_floor)
     if variant == "no_mask":
         return replace(setting, mask=False)
     if variant == "indep_noise":
         return replace(setting, shared_noise=False)
+    if variant == "no_length_norm":  # motive without the frame-length weights, nothing else changed
+        return replace(setting, length_norm="none")
     return setting
 
 
@@ -159,7 +161,7 @@ def features(run_path: Path, cfg, model, sets, variant: str, attr_seed: int, *, 
         if meta["dense"] or not dense:
             out = {"fastfood": np.load(folder / "fastfood.npy", mmap_mode="r"),
                    "dense": np.load(folder / "dense.npy", mmap_mode="r") if meta["dense"] else None,
-                   "z": {k: np.asarray(v) for k, v in meta["z"].items()}, **{k: meta[k] for k in meta if k.endswith("_s")}}
+                   "loss_frames": np.asarray(meta["loss_frames"]), **{k: meta[k] for k in meta if k.endswith("_s")}}
             for name in ("exact_cos", "fastfood_cos", "dense_cos"):
                 if (folder / f"{name}.npy").exists():
                     out[name] = np.load(folder / f"{name}.npy")
@@ -176,7 +178,7 @@ def features(run_path: Path, cfg, model, sets, variant: str, attr_seed: int, *, 
                                                shape=result[name].shape)
             memmap[:] = result[name]
             memmap.flush()
-    meta = {"dense": dense, "z": {k: v.tolist() for k, v in result["z"].items()}, "setting": setting.key(),
+    meta = {"dense": dense, "setting": setting.key(), "loss_frames": result["loss_frames"].tolist(),
             **{k: result[k] for k in result if k.endswith("_s")}}
     meta_path.write_text(json.dumps(meta))
     result["cached"] = False
@@ -188,7 +190,7 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
     """Influence matrix (pool, queries) of a selector; info holds timing and the projection check."""
     import torch
 
-    from icml.methods.attribute_motion.attribution import featurize, influence, proj_cos_err
+    from icml.methods.attribute_motion.attribution import featurize, influence, length_detrended, proj_cos_err
     from icml.methods.attribute_motion.flow import patch_magnitude
     from icml.methods.attribute_motion.model import seed_of
     from icml.methods.attribute_motion.vbench import clip_appearance
@@ -212,7 +214,7 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
     feat = features(run_path, cfg, model, sets, variant, attr_seed, dense=dense, progress=progress)
     all_rows = np.concatenate([pool, sets.index("query")])
     proj = "dense" if variant == "motive_dense" else "fastfood"
-    projected, z = np.asarray(feat[proj]), feat["z"][cfg.attr.length_norm]
+    projected, frames = np.asarray(feat[proj]), np.asarray(feat["loss_frames"])
     cached = set(all_rows.tolist())
     extra = np.array([r for r in queries if r not in cached], dtype=np.int64)
     if len(extra):  # user queries (select --queries DIR): same setting and projector, not cached
@@ -222,18 +224,16 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
                          proj == "dense", 0)
         all_rows = np.concatenate([all_rows, extra])
         projected = np.concatenate([projected, more[proj]])
-        z = np.concatenate([z, more["z"][cfg.attr.length_norm]])
+        frames = np.concatenate([frames, more["loss_frames"]])
     position = {row: i for i, row in enumerate(all_rows)}
     take_pool = np.array([position[r] for r in pool])
     take_query = np.array([position[r] for r in queries])
-    if variant == "no_length_norm":  # Z = 1 and the raw inner product: length and energy are left in
-        scores = influence(projected[take_pool], projected[take_query], cosine=False)
-    else:
-        normed = projected / z[:, None]
-        scores = influence(normed[take_pool], normed[take_query])
+    scores = influence(projected[take_pool], projected[take_query])
+    if selector_setting(cfg, variant, attr_seed).length_norm == "frames":
+        scores = length_detrended(scores, frames[take_pool])
     grad_s, proj_s = feat.get("grad_s", 0.0), feat.get(f"{proj}_s", 0.0)
     info["featurize_s_per_clip"] = (grad_s + proj_s) / len(all_rows)
-    if variant not in ("no_length_norm", "mean_agg") and f"{proj}_cos" in feat and "exact_cos" in feat:  # not twice
+    if variant != "mean_agg" and f"{proj}_cos" in feat and "exact_cos" in feat:  # not twice
         info["proj_cos_err"] = proj_cos_err(np.asarray(feat["exact_cos"]), np.asarray(feat[f"{proj}_cos"]))
         info["cos_pairs"] = (np.asarray(feat["exact_cos"]), np.asarray(feat[f"{proj}_cos"]))
     return scores, info
@@ -308,18 +308,21 @@ def select(run_path: Path, cfg, variant: str, target: str, frac: float | None = 
 
 
 def with_user_queries(sets, cfg, folder: str, target: str):
-    """Append the clips of a folder (.npy/.npz/PNG folders) as queries of `target`."""
-    from icml.data.videos import NULL_PROMPT, VideoDataError, read_user_clip
+    """Append the clips of a folder (video files, .npy/.npz, PNG folders) as queries of `target`."""
+    from icml.data.videos import NULL_PROMPT, VideoDataError
     from icml.methods.attribute_motion.clips import ClipSets
+
+    from icml.methods.attribute_motion.video_files import is_clip, read_clip
 
     root = Path(folder)
     if not root.is_dir():
-        raise IcmlError(f"--queries '{folder}' is not a folder", "pass a folder of .npy/.npz clips or PNG frame folders")
-    paths = sorted(p for p in root.iterdir() if p.suffix in (".npy", ".npz") or p.is_dir())
+        raise IcmlError(f"--queries '{folder}' is not a folder",
+                        "pass a folder of .mp4/.webm videos, .npy/.npz clips or PNG frame folders")
+    paths = sorted(p for p in root.iterdir() if is_clip(p))
     if not paths:
-        raise IcmlError(f"--queries '{folder}' holds no .npy/.npz clip or PNG frame folder", "add query clips")
+        raise IcmlError(f"--queries '{folder}' holds no video file, .npy/.npz clip or PNG frame folder", "add query clips")
     try:
-        loaded = [read_user_clip(p, cfg.clips.frames, cfg.clips.size) for p in paths]
+        loaded = [read_clip(p, cfg.clips.frames, cfg.clips.size) for p in paths]
     except VideoDataError as exc:
         raise IcmlError(str(exc), "fix or remove that clip") from None
     import torch

@@ -217,7 +217,8 @@ def _masks(run, config):
         if len(found):
             picks.append((int(found[0]), f"{pool.loc[found[0], 'motion']} / {kind}"))
     idx = [i for i, _ in picks]
-    masks = motion_mask(torch.as_tensor(flow[idx]), torch.as_tensor(valid[idx]), config.attr.patch).numpy()
+    masks = motion_mask(torch.as_tensor(flow[idx]), torch.as_tensor(valid[idx]), config.attr.patch,
+                        config.attr.camera, config.attr.flow_floor).numpy()
     frames = videos.shape[1]
     figure, axes = plt.subplots(2 * len(picks), frames, figsize=(frames * 1.1, 2.3 * len(picks)), squeeze=False)
     for r, (i, title) in enumerate(picks):

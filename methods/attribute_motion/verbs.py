@@ -16,7 +16,7 @@ Frac = Annotated[Optional[float], typer.Option("--frac", help="Budget as a share
                                                show_default=False)]
 Variant = Annotated[str, typer.Option("--variant", help="Selector: motive, motive_dense, no_mask, indep_noise, "
                                                          "no_length_norm, mean_agg, random, flow_magnitude, appearance_match.")]
-Queries = Annotated[str, typer.Option("--queries", help="auto (the run's queries of the target) or a folder of "
+Queries = Annotated[str, typer.Option("--queries", help="auto (the run's queries of the target) or a folder of .mp4/.webm videos, "
                                                          ".npy/.npz clips or PNG frame folders.")]
 AttrSeed = Annotated[Optional[int], typer.Option("--attr-seed", help="Attribution seed (default: the first of attr.attr_seeds).",
                                                  show_default=False)]
