@@ -49,11 +49,34 @@ def test_every_variant_and_metric_is_recorded(tiny_run):
     elicit = pq.read_table(tiny_run / "elicit.parquet").to_pandas()
     assert set(elicit.columns) >= {"run_id", "variant", "profile", "dataset", "round", "split", "loss"}
     assert "baseline" not in set(elicit["variant"]) and set(elicit["round"]) == {0, 1, 2}
+    assert set(elicit["lr_divisor"]) == {4.0, 64.0}  # the spec's lr/4 and the attacker's smaller lr
     best = evaluated[evaluated["metric"] == "elicited_loss"]
     row = best.iloc[0]
     curve = elicit[(elicit["variant"] == row["variant"]) & (elicit["profile"] == row["profile"])
                    & (elicit["dataset"] == row["dataset"]) & (elicit["round"] >= 1)]
-    assert row["value"] == curve["loss"].min()  # the minimum over rounds, not the last
+    assert row["value"] == curve["loss"].min()  # the minimum over lrs and rounds, not the last
+
+
+def test_ft_lora_is_the_core_only_base_plus_one_low_rank_update_per_retained_domain(tiny_run):
+    from icml.cli.lifecycle import config_from_run
+    from icml.cli.runstore import Run
+    from icml.methods.gradient_route import METHOD
+    from icml.methods.gradient_route.pipeline import corpus_for, deployed_model
+
+    cfg, _, seed = config_from_run(METHOD, Run(tiny_run))
+    corpus = corpus_for(cfg, seed)
+    folder = tiny_run / "checkpoints"
+    core = deployed_model(cfg, corpus, folder, "ft_lora", "core", seed, "cpu").state_dict()
+    with_a0 = deployed_model(cfg, corpus, folder, "ft_lora", "core+a0", seed, "cpu").state_dict()
+    changed = {k for k in core if not torch.equal(core[k], with_a0[k])}
+    # only the core MLPs' c_fc / c_proj weights move (biases, attention, embeddings are the base's)
+    assert changed == {f"transformer.h.{i}.mlp.core.{m}.weight" for i in range(1) for m in ("c_fc", "c_proj")}
+    frame = pq.read_table(tiny_run / "metrics.parquet").to_pandas()
+    costs = frame[frame["metric"].isin(["train_flops_ratio", "serve_params_ratio"])]
+    costs = costs[costs["variant"] == "ft_lora"].set_index("metric")["value"]
+    lora_share = costs["serve_params_ratio"] - 1  # (base + LoRA parameters) / baseline parameters
+    # the base sees the 26 core windows, a0's LoRA 2 · 2 core + 2 a0 windows through base + LoRA; baseline 34
+    assert costs["train_flops_ratio"] == pytest.approx((26 + 6 * (1 + lora_share)) / 34, rel=1e-12)
 
 
 def test_report_renders_tables_and_plots(tiny_run):
@@ -128,6 +151,8 @@ def test_user_folder_and_local_gpt2(icml, tmp_path):
     (["--set", "batch=6", "--set", "accum=4"], "must be a multiple of accum"),
     (["--set", "p_as=1.5"], "p_as must be in [0, 1]"),
     (["--set", "routing=soft"], "routing must be one of"),
+    (["--set", "lora_rank=0"], "lora_rank must be positive"),
+    (["--set", "elicit.extra_lr_divisors=64,0"], "elicit.extra_lr_divisors and clip must be positive"),
     (["--set", "steps=10", "--set", "cr.eval_every=8"], "at least 2 baseline evaluations"),
 ])
 def test_bad_config_is_one_line(icml, argv, message):

@@ -256,3 +256,38 @@ def test_param_groups_cover_every_parameter_once(gram):
     sizes = group_sizes(gram)
     # 2 layers × (c_fc 16×8 + 8, c_proj 8×16 + 16) per module
     assert all(sizes[a] == 2 * (16 * 8 + 8 + 8 * 16 + 16) for a in AUX)
+
+
+def test_lora_starts_as_the_base_trains_only_itself_and_merges_to_the_same_function():
+    """FT-LoRA: B = 0 makes the wrapped model the base exactly; a training step moves only A and B
+    (the base is bit-identical); merging x A B into W serves the same function as the wrapped layers."""
+    from icml.methods.gradient_route.model import add_lora, lora_rank, lora_state, merge_lora
+
+    cfg = dataclasses.replace(tiny_cfg(), lr=1e-2)
+    base = build_model(cfg, 57, 32, [], 8, seed=5).double()
+    x = tokens()
+    wrapped = copy.deepcopy(base)
+    lora = add_lora(wrapped, rank=3, seed=0)
+    assert len(lora) == 2 * 2 * cfg.gpt.n_layer  # A and B of c_fc and c_proj per block
+    with torch.no_grad():
+        torch.testing.assert_close(forward(wrapped, x[:, :-1]), forward(base, x[:, :-1]), rtol=0, atol=0)
+    frozen = {n: p.detach().clone() for n, p in wrapped.named_parameters() if not p.requires_grad}
+    steps = T.plan({"core": tokens(8)}, cfg, 0, routed=False, modules=[])
+    T.train_steps(wrapped, steps, cfg, 0)
+    assert all(torch.equal(p, frozen[n]) for n, p in wrapped.named_parameters() if n in frozen)
+    assert all(p.detach().abs().sum() > 0 for p in lora)  # B has left zero, so A got gradient too
+    merged = merge_lora(copy.deepcopy(base), [lora_state(wrapped)])
+    with torch.no_grad():
+        expected, got = forward(wrapped, x[:, :-1]), forward(merged, x[:, :-1])
+    # float64: x(W + AB) against xW + (xA)B, rounding of O(width) products per layer
+    torch.testing.assert_close(got, expected, rtol=0, atol=256 * F64 * float(expected.abs().max()))
+    # merging two domains adds both updates; merging none is the base
+    twice = merge_lora(copy.deepcopy(base), [lora_state(wrapped)] * 2)
+    layer = "transformer.h.0.mlp.core.c_fc"
+    delta = lora_state(wrapped)[layer]
+    torch.testing.assert_close(dict(twice.named_modules())[layer].weight,
+                               dict(base.named_modules())[layer].weight + 2 * delta, rtol=0, atol=4 * F64)
+    # rank 13 at the default: the LoRA of a block has one aux module's parameter count (to within one rank)
+    default = build_model(preset("default"), 57, 512, [], 64, seed=0)
+    per_rank, module = 2 * (128 + 512), 2 * 128 * 64 + 64 + 128
+    assert lora_rank(default, 64) == 13 and abs(13 * per_rank - module) <= per_rank / 2

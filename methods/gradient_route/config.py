@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 MAIN = ["baseline", "gram", "filter", "maxent"]
 ABLATIONS = ["gram_pcr0", "gram_pas0", "gram_uniform_accum", "gram_single_optimizer", "gram_partial",
              "filter_partial"]
-VARIANTS = MAIN + ABLATIONS
+OPTIONAL = ["ft_lora"]  # core-only base + one LoRA per domain (the spec's optional baseline)
+VARIANTS = MAIN + OPTIONAL + ABLATIONS
 ROUTINGS = ("stratified", "bernoulli")
 AUX_TOPICS = ["a0", "a1", "a2", "a3"]
 CORE_TOPICS = [f"t{i}" for i in range(8)]
@@ -27,14 +28,17 @@ class GPTConfig:
 
 @dataclass
 class CRConfig:
-    eval_every: int = 25  # baseline validation every this many steps (the curve the power law is fit to)
+    eval_every: int = 50  # baseline validation every this many steps (the curve the power law is fit to)
 
 
 @dataclass
 class ElicitConfig:
     rounds: int = 20  # full-batch fine-tuning steps on the attack windows (paper: ≤ 200)
     patience: int = 10  # stop after this many rounds without a new minimum
-    lr_divisor: float = 4.0  # attack lr = peak lr / this
+    lr_divisor: float = 4.0  # attack lr = peak lr / this (the spec's)
+    # further attacks at peak lr / each; the attacker keeps the minimum over every lr and round. lr/4's
+    # first Adam step moves every parameter by ≈ lr (sign-like), which at 8 windows mostly perturbs (README)
+    extra_lr_divisors: list[float] = field(default_factory=lambda: [64.0])
     attack_windows: int = 8  # the attacker's fixed forget sample (paper: 512 sequences)
     variants: list[str] = field(default_factory=lambda: [v for v in VARIANTS if v != "baseline"])  # attacked
 
@@ -58,7 +62,7 @@ class GradientRouteConfig:
     data: str = "synthetic"  # synthetic | a folder with one subfolder per domain
     tokenizer: str | None = None  # a local tokenizer dir for user data (default: characters + <unk>)
     model: str | None = None  # a local GPT-2 checkpoint dir: its MLPs become the core (continued pretraining)
-    variants: list[str] = field(default_factory=lambda: list(MAIN))  # + ABLATIONS: a second run (README)
+    variants: list[str] = field(default_factory=lambda: MAIN + OPTIONAL)  # + ABLATIONS: a second run (README)
     profiles: list[str] = field(default_factory=lambda: ["core", "core+a0", "core+a1"])  # or `all`: every subset
     seeds: int = 1  # models per variant at seeds seed, seed+1, …; the report gives 90% t-intervals over them
     gpt: GPTConfig = field(default_factory=GPTConfig)
@@ -66,7 +70,7 @@ class GradientRouteConfig:
     d_core: int = 448
     d_aux: int = 64
     # optimisation (the baseline's; GRAM and filters use the same schedule over their own steps)
-    steps: int = 400
+    steps: int = 800  # 400 (the spec's first default) leaves the topics' facts unlearned: README, calibration
     batch: int = 16  # sequences per optimizer step
     accum: int = 4  # micro-batches per step; routing masks are per micro-batch
     lr: float = 3e-3
@@ -82,6 +86,7 @@ class GradientRouteConfig:
     routing: str = "stratified"  # stratified: exact counts round(p·n), shuffled | bernoulli
     label_frac: float = 0.5  # labelled share of aux data in gram_partial / filter_partial
     compute_match: bool = True
+    lora_rank: int | None = None  # ft_lora: None = one aux module's parameter count (rank 13 at the default)
     # data
     core_share: float = 0.8
     val_windows: int = 32  # validation windows per dataset (core: spread over its topics)
@@ -159,6 +164,8 @@ def validate(cfg: GradientRouteConfig) -> None:
                        ("maxent.steps", cfg.maxent.steps), ("maxent.batch", cfg.maxent.batch)):
         if value < 1:
             raise ValueError(f"{key} must be positive, not {value}")
+    if cfg.lora_rank is not None and cfg.lora_rank < 1:
+        raise ValueError(f"lora_rank must be positive (or none: one aux module's parameter count), not {cfg.lora_rank}")
     if cfg.batch % cfg.accum:
         raise ValueError(f"batch ({cfg.batch}) must be a multiple of accum ({cfg.accum}): equal micro-batches")
     if cfg.gpt.n_embd % cfg.gpt.n_head:
@@ -168,8 +175,8 @@ def validate(cfg: GradientRouteConfig) -> None:
     if cfg.steps < 2 * cfg.cr.eval_every:
         raise ValueError(f"steps ({cfg.steps}) must give at least 2 baseline evaluations "
                          f"(cr.eval_every={cfg.cr.eval_every}) for the power-law fit")
-    if cfg.lr <= 0 or cfg.maxent.lr <= 0 or cfg.elicit.lr_divisor <= 0 or cfg.clip <= 0:
-        raise ValueError("lr, maxent.lr, elicit.lr_divisor and clip must be positive")
+    if cfg.lr <= 0 or cfg.maxent.lr <= 0 or cfg.clip <= 0 or min([cfg.elicit.lr_divisor, *cfg.elicit.extra_lr_divisors]) <= 0:
+        raise ValueError("lr, maxent.lr, elicit.lr_divisor, elicit.extra_lr_divisors and clip must be positive")
     if not cfg.profiles:
         raise ValueError("profiles must list at least one profile, e.g. core,core+a0 or all")
     for profile in cfg.profiles:

@@ -153,6 +153,57 @@ def deploy(model: nn.Module, keep: Iterable[str]) -> nn.Module:
     return served
 
 
+class LoRAConv1D(nn.Module):
+    """A frozen GPT-2 `Conv1D` (y = x W + b, W of shape in × out) plus a trainable low-rank update x A B.
+    B starts at zero, so the wrapped layer starts as the base layer exactly; A ~ N(0, 1/in)."""
+
+    def __init__(self, base: nn.Module, rank: int, generator: torch.Generator):
+        super().__init__()
+        n_in, n_out = base.weight.shape
+        self.base = base
+        like = {"dtype": base.weight.dtype, "device": base.weight.device}
+        self.lora_a = nn.Parameter(torch.randn(n_in, rank, generator=generator).to(**like) / math.sqrt(n_in))
+        self.lora_b = nn.Parameter(torch.zeros(rank, n_out, **like))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_a) @ self.lora_b
+
+
+def lora_rank(model: nn.Module, d_aux: int) -> int:
+    """The rank whose LoRA on c_fc and c_proj of a block has one auxiliary module's parameter count
+    (2·n·d_aux weights + d_aux + n biases against r·2·(n + d_mlp)): 13 at the default."""
+    n_embd, d_mlp = routed_mlps(model)[0].core.c_fc.weight.shape
+    return max(1, round((2 * n_embd * d_aux + d_aux + n_embd) / (2 * (n_embd + d_mlp))))
+
+
+def add_lora(model: nn.Module, rank: int, seed: int) -> list[nn.Parameter]:
+    """Freeze every parameter and wrap each core MLP's c_fc and c_proj in a LoRAConv1D (in place);
+    returns the LoRA parameters, the only ones left trainable."""
+    for param in model.parameters():
+        param.requires_grad_(False)
+    generator = torch.Generator().manual_seed(seed)
+    for mlp in routed_mlps(model):
+        mlp.core.c_fc = LoRAConv1D(mlp.core.c_fc, rank, generator)
+        mlp.core.c_proj = LoRAConv1D(mlp.core.c_proj, rank, generator)
+    return [p for n, p in model.named_parameters() if n.endswith(("lora_a", "lora_b"))]
+
+
+def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """{layer path: A B}: the weight update of every wrapped layer (what serving adds to the base)."""
+    return {name: module.lora_a.detach() @ module.lora_b.detach() for name, module in model.named_modules()
+            if isinstance(module, LoRAConv1D)}
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module, deltas: Iterable[dict[str, torch.Tensor]]) -> nn.Module:
+    """The served FT-LoRA model of a profile: the base with every retained domain's update added in place."""
+    modules = dict(model.named_modules())
+    for delta in deltas:
+        for name, update in delta.items():
+            modules[name].weight += update.to(modules[name].weight)
+    return model
+
+
 def merged_gpt2(model: GPT2LMHeadModel, weights: dict[str, float] | None = None) -> GPT2LMHeadModel:
     """A plain GPT2LMHeadModel computing the same function: GELU acts per hidden unit, so core and
     modules concatenate into one MLP of width d_core + Σ d_aux (module i's c_proj rows and bias × wᵢ).

@@ -118,7 +118,21 @@ def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | Non
     tags = {"variant": variant, "profile": profile, "seed": seed}
     rows, info = [], {}
     with single_thread():
-        if variant == "maxent":
+        if variant == "ft_lora" and profile is not None:  # profile core+d: domain d's LoRA on the core-only base
+            from icml.methods.gradient_route.model import add_lora, lora_rank, lora_state
+
+            domain = retained(profile, corpus)[0]
+            model = load_model(checkpoint_path(folder, "ft_lora", None, seed), cfg, corpus, device)
+            rank = cfg.lora_rank or lora_rank(model, cfg.d_aux)
+            lora = add_lora(model, rank, seed * 1000 + corpus.aux.index(domain))
+            windows = {"core": corpus.train("core", 2 * base[domain]), domain: corpus.train(domain, base[domain])}
+            steps = T.plan(_moved(windows, device), cfg, seed, routed=False, modules=[])
+            losses = T.train_steps(model, steps, cfg, corpus.pad_id)
+            info["flops"] = T.flops(windows, {"core": dense_params + sum(p.numel() for p in lora)}, 0.0, False)
+            info["params"] = sum(p.numel() for p in lora)
+            info["rank"] = rank
+            atomic_torch_save({"lora": lora_state(model), "rank": rank}, checkpoint_path(folder, variant, profile, seed))
+        elif variant == "maxent":
             model = load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus, device)
             keep = retained(profile, corpus)
             forget = torch.cat([corpus.train(d, base[d]) for d in corpus.aux if d not in keep]).to(device)
@@ -128,7 +142,7 @@ def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | Non
             tokens = 2 * cfg.maxent.steps * cfg.maxent.batch * (corpus.length - 1)  # forget + retain batches
             info["flops"] = tokens * dense_params
             width, aux = cfg.d_dense, []
-        else:
+        else:  # baseline, GRAM variants, filters, and ft_lora's core-only base
             routed = variant in GRAM_VARIANTS
             width, aux = (cfg.d_core, list(corpus.aux)) if routed else (cfg.d_dense, [])
             model = build_model(cfg, corpus.vocab_size, width, aux, cfg.d_aux, seed).to(device)
@@ -155,14 +169,15 @@ def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | Non
                                          "dataset": dataset})
             losses = T.train_steps(model, steps, cfg, corpus.pad_id,
                                    single_optimizer=variant == "gram_single_optimizer", on_step=on_step)
-    _save(model, checkpoint_path(folder, variant, profile, seed), width, aux)
+    if not (variant == "ft_lora" and profile is not None):
+        _save(model, checkpoint_path(folder, variant, profile, seed), width, aux)
+        info["params"] = sum(p.numel() for p in model.parameters())
     rows += [{**tags, "metric": "train_loss", "value": loss, "step": i + 1, "split": "train"}
              for i, loss in enumerate(losses)]
     rows.append({**tags, "metric": "wall_s", "value": time.perf_counter() - started, "split": "train"})
     for dataset, freq in info.get("routing_freq", {}).items():
         rows.append({**tags, "metric": "routing_freq", "value": freq, "split": "train", "dataset": dataset})
     info["final_train_loss"] = losses[-1]
-    info["params"] = sum(p.numel() for p in model.parameters())
     info["dense_params"] = dense_params
     return {"rows": rows, "info": info}
 
@@ -172,7 +187,7 @@ def _dense_windows(variant: str, profile: str | None, corpus, base: dict, cfg) -
     unlabelled (1 − label_frac) share of every forget domain, which filtering cannot see is aux."""
     if variant == "baseline":
         return {d: corpus.train(d, n) for d, n in base.items()}
-    keep = retained(profile, corpus)
+    keep = [] if variant == "ft_lora" else retained(profile, corpus)  # ft_lora's base: D₁ alone
     windows = {d: corpus.train(d, base[d]) for d in ["core", *keep] + (["unlabelled"] if "unlabelled" in base else [])}
     if variant == "filter_partial":
         import torch
@@ -194,6 +209,9 @@ def model_jobs(cfg, profiles: list[str]) -> tuple[list, list]:
             first += [(variant, p) for p in profiles]
         elif variant == "maxent":
             second += [(variant, p) for p in profiles]
+        elif variant == "ft_lora":  # the core-only base, then a LoRA per domain some profile retains
+            first.append((variant, None))
+            second += [(variant, f"core+{d}") for d in dict.fromkeys(m for p in profiles for m in p.split("+")[1:])]
         else:
             first.append((variant, None))
     return first, second
@@ -329,6 +347,18 @@ def deployed_model(cfg, corpus, folder: Path, variant: str, profile: str, seed: 
     if variant in GRAM_VARIANTS:
         return deploy(load_model(checkpoint_path(folder, variant, None, seed), cfg, corpus, device),
                       retained(profile, corpus))
+    if variant == "ft_lora":
+        import torch
+
+        from icml.methods.gradient_route.model import merge_lora
+
+        model = load_model(checkpoint_path(folder, variant, None, seed), cfg, corpus, device)
+        paths = [checkpoint_path(folder, variant, f"core+{d}", seed) for d in retained(profile, corpus)]
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            raise IcmlError(f"LoRA checkpoint(s) {', '.join(missing)} missing",
+                            "re-train with this profile: icml gradient-route train --set profiles=…")
+        return merge_lora(model, [torch.load(p, map_location="cpu", weights_only=False)["lora"] for p in paths])
     if variant in FILTER_VARIANTS or variant == "maxent":
         return load_model(checkpoint_path(folder, variant, profile, seed), cfg, corpus, device)
     return load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus, device)
@@ -367,11 +397,14 @@ def eval_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str, folde
         if forget and variant != "baseline" and variant in cfg.elicit.variants:
             elicited = []
             for dataset in forget:
-                curve = elicit(model, corpus.attack[dataset].to(device), corpus.val_heldout[dataset].to(device),
-                               cfg, corpus.pad_id)
-                elicit_rows += [{"variant": variant, "profile": profile, "dataset": dataset, "round": r,
-                                 "split": "val_heldout", "loss": loss, "seed": seed} for r, loss in enumerate(curve)]
-                best = min(curve[1:])  # the minimum over rounds 1..R, not the last
+                best = float("inf")
+                for divisor in dict.fromkeys([cfg.elicit.lr_divisor, *cfg.elicit.extra_lr_divisors]):
+                    curve = elicit(model, corpus.attack[dataset].to(device), corpus.val_heldout[dataset].to(device),
+                                   cfg, corpus.pad_id, divisor)
+                    elicit_rows += [{"variant": variant, "profile": profile, "dataset": dataset, "round": r,
+                                     "split": "val_heldout", "loss": loss, "seed": seed, "lr_divisor": divisor}
+                                    for r, loss in enumerate(curve)]
+                    best = min(best, min(curve[1:]))  # the minimum over lrs and rounds 1..R, not the last
                 elicited.append(_cr(fits, dataset, "val_heldout", best))
                 rows.append({**tags, "metric": "elicited_loss", "value": best, "split": "val_heldout",
                              "dataset": dataset, "role": "forget"})
@@ -424,7 +457,8 @@ def evaluate(ctx: RunContext) -> None:
         run_in_workers(cfg.workers, jobs, lambda key, result: (done(key, result), advance(1)))
     rows += profile_means(rows)
     ctx.record(rows)
-    frame = pd.DataFrame(elicit_rows, columns=["variant", "profile", "dataset", "round", "split", "loss", "seed"])
+    frame = pd.DataFrame(elicit_rows, columns=["variant", "profile", "dataset", "round", "split", "loss", "seed",
+                                               "lr_divisor"])
     ctx.write_table("elicit", frame.assign(run_id=ctx.run.path.name))
 
 

@@ -211,9 +211,11 @@ def _curves(frame: pd.DataFrame, run):
 def _elicitation(run):
     table = run.table("elicit")
     figure, axis = new_axes("Relearning attack: held-out forget loss vs round", "round", "val_heldout loss")
-    for variant, group in table.groupby("variant"):
+    if "lr_divisor" not in table:  # runs from before the lr grid
+        table = table.assign(lr_divisor=4.0)
+    for (variant, divisor), group in table.groupby(["variant", "lr_divisor"]):
         curve = group.groupby("round")["loss"].mean()  # over profiles, forget datasets and seeds
-        axis.plot(curve.index, curve.values, marker=".", label=variant)
+        axis.plot(curve.index, curve.values, marker=".", label=f"{variant} lr/{divisor:g}")
     axis.legend(fontsize=7)
     return figure
 

@@ -297,13 +297,16 @@ def maxent_unlearn(model, forget: torch.Tensor, retain_core: torch.Tensor, retai
     return losses
 
 
-def elicit(deployed, attack: torch.Tensor, heldout: torch.Tensor, cfg, pad_id: int) -> list[float]:
+def elicit(deployed, attack: torch.Tensor, heldout: torch.Tensor, cfg, pad_id: int,
+           lr_divisor: float | None = None) -> list[float]:
     """Relearning attack on a copy of the deployed model (ablated modules absent): all parameters,
-    AdamW at peak lr / elicit.lr_divisor, one full-batch step per round on the fixed attack windows.
+    AdamW at peak lr / lr_divisor (default elicit.lr_divisor), one full-batch step per round on the fixed
+    attack windows.
     Returns the held-out loss before the attack and after each round, stopping after `patience` rounds
     without a new minimum."""
     model = copy.deepcopy(deployed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr / cfg.elicit.lr_divisor,
+    divisor = cfg.elicit.lr_divisor if lr_divisor is None else lr_divisor
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr / divisor,
                                   betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     losses = [mean_loss(model, heldout, pad_id)]
     best, since = math.inf, 0
