@@ -214,6 +214,46 @@ def test_particle_force_is_the_kernel_repulsion_gradient():
     assert torch.allclose(force[:4].sum(0), torch.zeros(3, dtype=torch.float64), atol=64 * EPS64)  # action = reaction
 
 
+def test_particle_force_batches_groups_of_unequal_size_in_any_order():
+    x = torch.randn(11, 2, 2, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    groups = torch.tensor([7, 3, 7, 3, 5, 7, 3, 7, 9, 9, 5])  # sizes 4, 3, 2, 2, interleaved
+    force = divin.particle_force(x, groups)
+    for g in (7, 3, 5, 9):
+        idx = torch.nonzero(groups == g).flatten()
+        alone = divin.particle_force(x[idx], torch.zeros(len(idx), dtype=torch.long))
+        assert torch.allclose(force[idx], alone, rtol=0, atol=16 * EPS64), g  # a group's force is its own
+    assert torch.equal(force[groups == 5], torch.zeros(2, 2, 2, dtype=torch.float64))
+
+
+def test_pg_groups_are_chunks_of_one_class():
+    labels = torch.tensor([0, 1, 0, 0, 1, 0, 0, 1, 2])
+    assert divin.pg_groups(labels, 9, 4).tolist() == [0, 2, 0, 0, 2, 0, 1, 2, 3]
+    assert divin.pg_groups(None, 5, 4).tolist() == [0, 0, 0, 0, 1]  # unconditional: one stream of chunks
+
+
+@pytest.mark.parametrize("param", ["eps", "flow"])
+def test_pg_at_the_spec_coefficient_repels_in_2d_once_matched_to_the_dimension(param):
+    """coeff = 32 is set for SD1's d = 16 384: as is at d = 2 the repulsion dwarfs ε and throws the samples
+    ~60–200× wider than the guided distribution; scaled by d/16 384 it widens each set of 4 particles and
+    leaves the spread of the distribution alone (exact Gaussian denoisers, float64, fixed seeds)."""
+    den, sched = gaussian_pair(param, 25)
+    seeds = list(range(64))
+    z = divin.initial_noise(seeds, (2,), torch.float64)
+    labels = torch.zeros(64, dtype=torch.long)
+
+    def within_set_distance(x):
+        sets = x.view(16, 4, 2)
+        return float((sets[:, :, None] - sets[:, None]).norm(dim=-1).sum() / (16 * 12))
+
+    base = divin.sample(den, sched, z, labels, 4.0)
+    matched = divin.sample(den, sched, z, labels, 4.0, divin.Trajectory(pg=True), seeds)
+    literal = divin.sample(den, sched, z, labels, 4.0, divin.Trajectory(pg=True, pg_ref_dim=None), seeds)
+    assert divin.Trajectory().pg_strength(16_384) == 32.0 and divin.Trajectory(pg_ref_dim=None).pg_strength(2) == 32.0
+    assert float(literal.std()) > 30 * float(base.std())  # the divergence
+    assert within_set_distance(matched) > within_set_distance(base)  # repulsion within each set
+    assert float(matched.std()) < 1.1 * float(base.std())  # and no blow-up
+
+
 def test_sail_accepts_or_restarts_by_the_threshold(mlp):
     den, sched = mlp
     seeds = list(range(6))

@@ -74,7 +74,9 @@ class IgConfig:
 
 @dataclass
 class PgConfig:
-    coeff: float = 32.0
+    coeff: float = 32.0  # the official code's value, for SD1 latents (d = 4·64·64) and 4 particles
+    ref_dim: int | None = 16_384  # coeff applies at this d: coeff·d/ref_dim keeps SD's repulsion-to-ε ratio (none: as is)
+    particles: int = 4  # samples coupled per group: consecutive same-class samples, as PG's 4 images per prompt
     sigma_max: float = 14.6  # caps σ_t (flow's t/(1−t) is infinite at t = 1); ≈ SD1's σ at t = 999
 
 
@@ -139,10 +141,10 @@ def preset(name: str) -> DiverseInitConfig:
         cfg.digits.clf_steps = 150
         cfg.digits.tau_sweep = False
         cfg.divin.calib_noises = 32
-    elif name == "default":  # the spec's digits budget (1.5k steps × 128, 32/class, 25 steps) is ~5× the 15 min on 2 cores
-        cfg.digits.steps = 600
+    elif name == "default":  # the spec's digits budget (1.5k steps × 128, 32/class, 25 steps) is ~4× the 15 min on 2 cores
+        cfg.digits.steps = 600  # ~0.5 CPU-s a step at batch 64 (1.0 at 128): 1.5k × 128 alone is 25 CPU-min per param
         cfg.digits.batch_size = 64
-        cfg.digits.n_per_class = 8
+        cfg.digits.n_per_class = 12  # ~5 ms per sample and step: 17 arms × 20 steps × 120 samples ≈ 4 CPU-min per param
         cfg.digits.sample_steps = 20
     elif name == "paper":  # documented only: a local Stable Diffusion directory, user-supplied features
         cfg.paper.enabled = True
@@ -212,5 +214,9 @@ def validate(cfg: DiverseInitConfig) -> None:
     if cfg.paper.enabled and not cfg.model:
         raise ValueError("the paper preset needs --model DIR, a local StableDiffusionPipeline or "
                          "StableDiffusion3Pipeline directory (it is documented for GPUs, not run offline)")
+    if cfg.pg.particles < 3:
+        raise ValueError(f"pg.particles must be ≥ 3 (the bandwidth divides by log(n−1)), not {cfg.pg.particles}")
+    if cfg.pg.ref_dim is not None and cfg.pg.ref_dim <= 0:
+        raise ValueError(f"pg.ref_dim must be positive (or none for the coefficient as is), not {cfg.pg.ref_dim}")
     if cfg.paper.pipeline not in ("sd1", "sd3"):
         raise ValueError(f"paper.pipeline must be sd1 or sd3, not '{cfg.paper.pipeline}'")

@@ -230,7 +230,16 @@ class Trajectory:
     ig_lo: float = 0.1
     ig_hi: float = 0.9
     pg_coeff: float = 32.0
+    pg_ref_dim: int | None = 16_384
+    pg_particles: int = 4
     pg_sigma_max: float = 14.6
+
+    def pg_strength(self, dim: int) -> float:
+        """The PG coefficient at sample dimension d: coeff·d/ref_dim. The kernel repulsion per coordinate
+        scales as log(n−1)/d (h ∝ d), while ε has unit scale per coordinate, so the official coefficient
+        (set for SD1's d = 16 384) applied as is to d = 2 is ~8 000× stronger relative to ε and blows the
+        samples away; scaling it by d/ref_dim keeps SD's ratio. ref_dim None: the coefficient as is."""
+        return self.pg_coeff if self.pg_ref_dim is None else self.pg_coeff * dim / self.pg_ref_dim
 
     def cads_gamma(self, t_n: float) -> float:
         """γ = 1 for t_n ≤ τ₁, 0 for t_n ≥ τ₂, linear between (t_n = 1 is noise)."""
@@ -277,32 +286,50 @@ def cads_hook(den: Denoiser, traj: Trajectory, state: _CadsState):
         handle.remove()
 
 
+def pg_groups(labels: torch.Tensor | None, n: int, particles: int) -> torch.Tensor:
+    """PG's particle sets: consecutive chunks of `particles` samples of the same class (as PG's 4 images
+    generated together for one prompt), not a whole class; a class's last chunk may be smaller."""
+    labels = torch.zeros(n, dtype=torch.long) if labels is None else labels.cpu()
+    groups = torch.empty(n, dtype=torch.long)
+    start = 0
+    for c in torch.unique(labels):
+        idx = torch.nonzero(labels == c).flatten()
+        groups[idx] = start + torch.arange(len(idx)) // particles
+        start += -(-len(idx) // particles)
+    return groups
+
+
 def particle_force(x: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """Σ_j 2·exp(−‖x_i−x_j‖²/h)·(x_i−x_j)/h within each group (same class), h = median pairwise
-    distance²/log(n−1); groups of fewer than 3 particles get no force."""
+    """Σ_j 2·exp(−‖x_i−x_j‖²/h)·(x_i−x_j)/h within each group, h = the group's median pairwise
+    distance²/log(n−1); groups of fewer than 3 particles get no force. Groups of equal size are batched."""
     flat = x.flatten(1)
     force = torch.zeros_like(flat)
-    for g in torch.unique(groups):
-        idx = torch.nonzero(groups == g).flatten()
-        n = len(idx)
-        if n < 3:
+    _, inverse, counts = torch.unique(groups.cpu(), return_inverse=True, return_counts=True)
+    order = torch.argsort(inverse, stable=True)  # members of a group contiguous, in batch order
+    starts = torch.cumsum(counts, 0) - counts
+    for size in torch.unique(counts).tolist():
+        if size < 3:
             continue
-        f = flat[idx]
-        d2 = (f[:, None, :] - f[None, :, :]).pow(2).sum(-1)
-        off = d2[~torch.eye(n, dtype=torch.bool)]
-        h = off.median() / math.log(n - 1)
-        if h <= 0:
-            continue
-        k = torch.exp(-d2 / h)
-        force[idx] = 2 / h * (f * k.sum(1, keepdim=True) - k @ f)
+        idx = order[starts[counts == size][:, None] + torch.arange(size)].to(x.device)  # [groups, size]
+        f = flat[idx]  # [G, n, D]
+        d2 = (f[:, :, None, :] - f[:, None, :, :]).pow(2).sum(-1)  # [G, n, n]
+        off = d2[:, ~torch.eye(size, dtype=torch.bool, device=x.device)]
+        h = (off.median(dim=1).values / math.log(size - 1))[:, None, None]
+        k = torch.exp(-d2 / h.clamp_min(torch.finfo(d2.dtype).tiny))
+        group_force = 2 / h * (f * k.sum(2, keepdim=True) - k @ f)
+        force[idx] = torch.where(h > 0, group_force, torch.zeros_like(group_force))
     return force.view_as(x)
 
 
 def sample(den: Denoiser, sched: Schedule, z, labels, w: float, traj: Trajectory | None = None, seeds=None,
            groups: torch.Tensor | None = None) -> torch.Tensor:
     """The unchanged CFG sampler (DDIM η=0 or Euler) from z: ε̃ = ε_∅ + w(ε_c − ε_∅) per step, with the
-    trajectory options switched on in `traj`. DivIn only changes z."""
+    trajectory options switched on in `traj`. DivIn only changes z. PG couples the samples of each of
+    `groups` (default: `pg_groups` of the labels)."""
     traj = traj or Trajectory()
+    if traj.pg:
+        groups = pg_groups(labels, len(z), traj.pg_particles) if groups is None else groups
+        coeff = traj.pg_strength(z[0].numel())
     state = _CadsState()
     cads_gens = generators(seeds, CADS_NOISE) if traj.cads and den.class_embedding is not None else None
     x = z
@@ -319,7 +346,7 @@ def sample(den: Denoiser, sched: Schedule, z, labels, w: float, traj: Trajectory
                 sigma = sched.snr_sigma(i)
                 if sigma >= 1:
                     sigma = min(sigma, traj.pg_sigma_max)
-                    delta = traj.pg_coeff * sigma * particle_force(x, labels if groups is None else groups)
+                    delta = coeff * sigma * particle_force(x, groups)
                     # flow: subtracting δ from the equivalent ε (= x + (1−t)v) is v − δ/(1−t), and 1/(1−t) = 1 + σ_t
                     out = out - (delta if sched.param == "eps" else delta * (1 + sigma))
             x = sched.step(out, i, x)

@@ -183,7 +183,8 @@ def trajectory(cfg, names) -> "divin.Trajectory":
 
     return divin.Trajectory(cads="cads" in names, ig="ig" in names, pg="pg" in names, cads_tau1=cfg.cads.tau1,
                             cads_tau2=cfg.cads.tau2, cads_s=cfg.cads.s, ig_lo=cfg.ig.lo, ig_hi=cfg.ig.hi,
-                            pg_coeff=cfg.pg.coeff, pg_sigma_max=cfg.pg.sigma_max)
+                            pg_coeff=cfg.pg.coeff, pg_ref_dim=cfg.pg.ref_dim, pg_particles=cfg.pg.particles,
+                            pg_sigma_max=cfg.pg.sigma_max)
 
 
 def initialise(den, sched, arm: Arm, z, labels, seeds, cfg):
