@@ -9,7 +9,10 @@ same run, written to Parquet (not part of `make test`; timings never gate the te
 - event_classify/<part>: SECNet's Fourier filter forward + backward with its hand-written backward, against
   autograd through rfft → multiply → irfft, at the default preset's shapes.
 - attribute_motion/fastfood: Fastfood projection of 8 per-clip gradients of the default UNet to D = 512
-  against the dense Gaussian reference projection of the same gradients.
+  against the dense Gaussian reference projection of the same gradients; attribute_motion/gradient draws=4:
+  a clip's attribution gradient averaged over 4 shared (t, ε) draws against the single draw.
+- scale_out/<executor>: one spectral-optim smoke sweep (4 jobs) with 2 local workers and on a local Ray
+  instance of 1 and 2 CPUs, against the local executor in one process (benchmarks/scale_out.py).
 - kv_compress/memory@r=0.3 and kv_compress/overhead@r=0.3: bytes of the compressed KV cache against the
   full cache, and EntroKV's entropy + allocation + selection time against a full prefill.
 - kv_compress/generate_time@r=0.3 and kv_compress/generate_memory@r=0.3: `model.generate()` of 64
@@ -113,6 +116,11 @@ def main() -> None:
         from icml.methods.kv_compress.bench import bench as kv_compress_bench
 
         kv_compress_bench(rows)
+    if "spectral-optim" in args.methods:  # the sweep it times is spectral-optim's grid
+        sys.path.insert(0, str(Path(__file__).parent))
+        from scale_out import bench as scale_out_bench
+
+        scale_out_bench(rows)
 
     frame = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -196,7 +196,7 @@ def _execute(ctx: RunContext, hook: Callable[[RunContext], None]) -> None:
 
 def train(method: Method, store: RunStore, *, preset: str | None, seed: int | None, device: str,
           config_file: Path | None, overrides: list[str], resume: Path | None,
-          inputs: dict[str, Path] | None = None) -> Run:
+          inputs: dict[str, Path] | None = None, group: str | None = None) -> Run:
     inputs = inputs or {}
     if resume is not None:
         if overrides or inputs or config_file is not None or preset is not None or seed is not None:
@@ -215,7 +215,7 @@ def train(method: Method, store: RunStore, *, preset: str | None, seed: int | No
     device = resolve_device(device)
     pipeline = method.part("pipeline")  # before creating the run: a broken install leaves no husk
     if not resumed:
-        run = store.create(method.name, preset, seed, device, config_io.to_dict(cfg))
+        run = store.create(method.name, preset, seed, device, config_io.to_dict(cfg), group=group)
     console.say(f"{method.name} train · preset {preset} · seed {seed} · {device} → {run.path}")
     ctx = RunContext(method, run, cfg, seed, device, preset, "train", resumed=resumed)
     _execute(ctx, pipeline.train)
@@ -236,3 +236,60 @@ def evaluate(method: Method, store: RunStore, *, run_dir: Path | None, device: s
     ctx = RunContext(method, run, cfg, seed, device, preset, "eval")
     _execute(ctx, pipeline.evaluate)
     return run
+
+
+# seeds as an axis: one run per seed, as jobs of the shared runner -----------------------------
+def _train_job(method_name: str, root: str, options: dict) -> str:
+    """One seed's train (module level: a worker process can run it); returns the run directory."""
+    from . import registry
+
+    return str(train(registry.get(method_name), RunStore(Path(root)), **options).path)
+
+
+def _eval_job(method_name: str, root: str, run_dir: str, device: str) -> str:
+    from . import registry
+
+    return str(evaluate(registry.get(method_name), RunStore(Path(root)), run_dir=Path(run_dir), device=device).path)
+
+
+def new_group_id(preset: str, seeds: list[int]) -> str:
+    import secrets
+    from datetime import datetime
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"g{stamp}-{preset}-s{'-'.join(map(str, seeds))}-{secrets.token_hex(2)}"
+
+
+def train_seeds(method: Method, store: RunStore, *, seeds: list[int], preset: str | None, device: str,
+                config_file: Path | None, overrides: list[str], inputs: dict[str, Path] | None = None,
+                workers: int = 1) -> list[Run]:
+    """`train --seeds`: one run per seed, all with the same new group id in run.json, run as jobs of
+    `run_in_workers` (here one after another for workers ≤ 1). Every bad input fails before any run."""
+    from .workers import run_in_workers
+
+    inputs = inputs or {}
+    _, preset, _ = resolve_config(method, preset, seeds[0], config_file, input_overrides(method, inputs) + overrides)
+    resolve_device(device)
+    group = new_group_id(preset, seeds)
+    options = {"preset": preset, "device": device, "config_file": config_file, "overrides": list(overrides),
+               "resume": None, "inputs": inputs, "group": group}
+    console.say(f"{method.name} train · group {group} · seeds {', '.join(map(str, seeds))}")
+    done: dict[int, Run] = {}
+    jobs = [(seed, _train_job, (method.name, str(store.root), {**options, "seed": seed})) for seed in seeds]
+    run_in_workers(workers, jobs, lambda seed, path: done.__setitem__(seed, Run(Path(path))))
+    return [done[seed] for seed in seeds]
+
+
+def evaluate_runs(method: Method, store: RunStore, runs: list[Run], *, device: str, workers: int = 1) -> list[Run]:
+    """`eval` of several runs (a group's seeds), as jobs of `run_in_workers`."""
+    from .workers import run_in_workers
+
+    resolve_device(device)
+    for run in runs:  # refuse before any work
+        if run.phase_status("train") != "completed":
+            raise UsageError(f"train of {run.path} is {run.phase_status('train') or 'missing'}",
+                             f"finish it first: icml {method.name} train --resume {run.path}")
+    done: dict[str, Run] = {}
+    jobs = [(str(run.path), _eval_job, (method.name, str(store.root), str(run.path), device)) for run in runs]
+    run_in_workers(workers, jobs, lambda key, path: done.__setitem__(key, Run(Path(path))))
+    return [done[str(run.path)] for run in runs]

@@ -14,7 +14,8 @@ from icml.cli import __version__, console, registry
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
 from icml.cli.method_app import method_app
-from icml.cli.options import All, Debug, Format, Json, MethodName, Out, Quiet, RunDirs, RunsDir
+from icml.cli.options import (All, Debug, Format, Group, Json, MethodName, Out, PresetFilter, Quiet, RunDirs, RunsDir,
+                              Seeds, parse_seeds)
 
 app = typer.Typer(name="icml", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Run, compare and report the methods of ICML 2026 papers.\n\n"
@@ -65,7 +66,8 @@ def list_runs(method: MethodName = None, runs_dir: RunsDir = None, json_: Json =
             rows.append({"run_dir": str(run.path), "status": "corrupt", "error": exc.problem})
             continue
         rows.append({"run_dir": str(run.path), "run_id": info["run_id"], "method": info["method"],
-                     "preset": info.get("preset"), "seed": info.get("seed"), "status": info.get("status"),
+                     "preset": info.get("preset"), "seed": info.get("seed"), "group": info.get("group"),
+                     "status": info.get("status"),
                      "phases": {p: v.get("status") for p, v in info.get("phases", {}).items()},
                      "started": info.get("started"), "updated": info.get("updated")})
     if json_:
@@ -87,10 +89,25 @@ def list_runs(method: MethodName = None, runs_dir: RunsDir = None, json_: Json =
 @guarded
 def report_all(run_dirs: RunDirs = None, method: MethodName = None, all_: All = False,
                format: Format = "terminal", out: Out = None, runs_dir: RunsDir = None,
+               group: Group = None, preset: PresetFilter = None, seeds: Seeds = None,
                json_: Json = False, quiet: Quiet = False, debug: Debug = False):
-    """Report runs: given directories, the latest of --method, or --all runs with results."""
+    """Report runs: given directories, the latest of --method, or --all runs with results; --group G, or
+    --method M with --preset P / --seeds: every table over seeds (mean ± 95 % t-interval) and the claims."""
     check_format(format)
     runs_store = store(runs_dir)
+    if group is not None or preset is not None or seeds is not None:
+        from icml.reports.groups import report_group, select_runs
+
+        if run_dirs or all_ or (method is None and group is None):
+            raise UsageError("a report over seeds takes --group G, or --method M with --preset/--seeds",
+                             "e.g. icml report --method kv-compress --preset default")
+        if method is None:
+            method = runs_store.group(group)[0].info()["method"]
+        registry.get(method)
+        runs = select_runs(runs_store, method, group=group, preset=preset,
+                           seeds=parse_seeds(seeds) if seeds is not None else None)
+        report_group(runs, format, out, json_)
+        return
     if run_dirs:
         runs = [runs_store.open(p) for p in run_dirs]
     elif method:

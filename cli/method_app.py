@@ -8,8 +8,10 @@ from icml.cli import console
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
 from icml.cli.method import Method
-from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, Json, ModelDir, Out, Preset, Quiet,
-                              Resume, RunDir, RunDirs, RunsDir, Seed, Set)
+from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, Group, Json, ModelDir, Out, Preset,
+                              PresetFilter, Quiet, Resume, RunDir, RunDirs, RunsDir, Seed, Seeds, SeedWorkers, Set,
+                              parse_seeds)
+from icml.cli.options import Executor, RayAddress  # where a run's independent jobs go: cli/workers.py
 
 
 def _summary(method: Method, run, phase: str, as_json: bool) -> None:
@@ -28,6 +30,26 @@ def _summary(method: Method, run, phase: str, as_json: bool) -> None:
         console.say(f"  {metric}: {values}")
 
 
+def _group_summary(method: Method, runs: list, phase: str, as_json: bool) -> None:
+    """The summary of a multi-seed train/eval: each run's, then how to report the group."""
+    from icml.reports.render import build_section
+
+    group = runs[0].info().get("group")
+    if as_json:
+        rows = []
+        for run in runs:
+            section = build_section(run, with_plots=False)
+            rows.append({"run_dir": str(run.path), "run_id": section.info["run_id"], "seed": section.info.get("seed"),
+                         "status": section.info["phases"][phase]["status"], "metrics": section.headline})
+        console.emit_json({"group": group, "method": method.name, "phase": phase,
+                           "preset": runs[0].info().get("preset"), "runs": rows})
+        return
+    for run in runs:
+        _summary(method, run, phase, False)
+    if group:
+        console.say(f"group {group}: icml {method.name} report --group {group}", style="bold green")
+
+
 def method_app(method: Method) -> typer.Typer:
     app = typer.Typer(name=method.name, no_args_is_help=True, add_completion=False,
                       help=f"{method.summary}\n\nPaper: {method.title} (arXiv {method.arxiv}).")
@@ -36,21 +58,48 @@ def method_app(method: Method) -> typer.Typer:
     @guarded
     def train(preset: Preset = None, seed: Seed = None, device: Device = "auto", runs_dir: RunsDir = None,
               set_: Set = None, config: ConfigFile = None, data: DataFile = None, model: ModelDir = None,
-              resume: Resume = None, json_: Json = False, quiet: Quiet = False, debug: Debug = False):
-        """Train: create a run directory and fill its checkpoints and train metrics."""
+              resume: Resume = None, seeds: Seeds = None, seed_workers: SeedWorkers = 1, json_: Json = False,
+              quiet: Quiet = False, debug: Debug = False, executor: Executor = None,
+              ray_address: RayAddress = None):
+        """Train: create a run directory and fill its checkpoints and train metrics (--seeds: one run per seed)."""
         from icml.cli import lifecycle
 
         inputs = {key: path for key, path in (("data", data), ("model", model)) if path is not None}
-        run = lifecycle.train(method, store(runs_dir), preset=preset, seed=seed, device=device,
+        if seeds is not None:
+            if seed is not None or resume is not None:
+                raise UsageError("--seeds starts one new run per seed", "drop --seed/--resume, or drop --seeds")
+            runs = lifecycle.train_seeds(method, store(runs_dir), seeds=parse_seeds(seeds), preset=preset,
+                                         device=device, config_file=config, overrides=list(set_ or []),
+                                         inputs=inputs, workers=seed_workers)
+            _group_summary(method, runs, "train", json_)
+            return
+        from icml.cli.distributed import rank_store  # under torchrun: rank 0 alone writes the run
+
+        run = lifecycle.train(method, rank_store(store(runs_dir), device), preset=preset, seed=seed, device=device,
                               config_file=config, overrides=list(set_ or []), resume=resume, inputs=inputs)
         _summary(method, run, "train", json_)
 
     @app.command("eval")
     @guarded
     def evaluate(run_dir: RunDir = None, device: Device = "auto", runs_dir: RunsDir = None,
-                 json_: Json = False, quiet: Quiet = False, debug: Debug = False):
-        """Evaluate a trained run (default: the latest one) and write its eval metrics."""
+                 seeds: Seeds = None, group: Group = None, seed_workers: SeedWorkers = 1,
+                 json_: Json = False, quiet: Quiet = False, debug: Debug = False, executor: Executor = None,
+                 ray_address: RayAddress = None):
+        """Evaluate a trained run (default: the latest one) and write its eval metrics (--seeds/--group:
+        every run of the group)."""
         from icml.cli import lifecycle
+
+        if seeds is not None or group is not None:
+            from icml.reports.groups import select_runs
+
+            if run_dir is not None:
+                raise UsageError("a run directory and --seeds/--group both name the runs", "pass one of them")
+            runs_store = store(runs_dir)
+            runs = select_runs(runs_store, method.name, group=group,
+                               seeds=parse_seeds(seeds) if seeds is not None else None, phase="train")
+            runs = lifecycle.evaluate_runs(method, runs_store, runs, device=device, workers=seed_workers)
+            _group_summary(method, runs, "eval", json_)
+            return
 
         run = lifecycle.evaluate(method, store(runs_dir), run_dir=run_dir, device=device)
         _summary(method, run, "eval", json_)
@@ -58,10 +107,21 @@ def method_app(method: Method) -> typer.Typer:
     @app.command("report")
     @guarded
     def report(run_dirs: RunDirs = None, format: Format = "terminal", out: Out = None,
-               runs_dir: RunsDir = None, json_: Json = False, quiet: Quiet = False, debug: Debug = False):
-        """Render tables and plots of runs (default: the latest evaluated run)."""
+               runs_dir: RunsDir = None, seeds: Seeds = None, group: Group = None, preset: PresetFilter = None,
+               json_: Json = False, quiet: Quiet = False, debug: Debug = False):
+        """Render tables and plots of runs (default: the latest evaluated run); --group/--seeds/--preset:
+        every table over seeds (mean ± 95 % t-interval) and the method's claims."""
         check_format(format)
         runs_store = store(runs_dir)
+        if seeds is not None or group is not None or preset is not None:
+            from icml.reports.groups import report_group, select_runs
+
+            if run_dirs:
+                raise UsageError("run directories and --seeds/--group/--preset both name the runs", "pass one of them")
+            runs = select_runs(runs_store, method.name, group=group, preset=preset,
+                               seeds=parse_seeds(seeds) if seeds is not None else None)
+            report_group(runs, format, out, json_)
+            return
         if run_dirs:
             runs = [runs_store.open(p, method.name) for p in run_dirs]
         else:

@@ -36,6 +36,33 @@ ModelDir = Annotated[Optional[Path], typer.Option(
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or human output on stderr.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]
+
+
+def _use_executor(value: Optional[str]) -> Optional[str]:
+    from .errors import IcmlError
+    from .workers import use_executor
+
+    try:
+        use_executor(value)
+    except IcmlError as exc:  # raised while parsing: click's own one-line usage error
+        raise typer.BadParameter(exc.line()) from None
+    return value
+
+
+def _use_ray_address(value: Optional[str]) -> Optional[str]:
+    from .workers import use_ray_address
+
+    use_ray_address(value)
+    return value
+
+
+Executor = Annotated[Optional[str], typer.Option(
+    "--executor", envvar="ICML_EXECUTOR", callback=_use_executor, show_default=False,
+    help="local | ray: where a run's independent jobs (grids, seeds) run (default: local).")]
+RayAddress = Annotated[Optional[str], typer.Option(
+    "--ray-address", envvar="RAY_ADDRESS", callback=_use_ray_address, show_default=False,
+    help="The Ray cluster for --executor ray, e.g. auto or ray://head:10001 (default: start a local "
+         "Ray instance).")]
 RunDir = Annotated[Optional[Path], typer.Argument(
     help="Run directory (default: the latest suitable run of the method).", show_default=False)]
 RunDirs = Annotated[Optional[list[Path]], typer.Argument(
@@ -46,3 +73,27 @@ Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Write to FILE 
 MethodName = Annotated[Optional[str], typer.Option("--method", "-m", help="Only this method.",
                                                     show_default=False)]
 All = Annotated[bool, typer.Option("--all", help="Every run with results.")]
+Seeds = Annotated[Optional[str], typer.Option(
+    "--seeds", help="Comma-separated seeds, e.g. 0,1,2: one run per seed, recorded as one group "
+                    "(train); the group's runs of these seeds (eval, report).", show_default=False)]
+Group = Annotated[Optional[str], typer.Option(
+    "--group", help="A group id (run.json 'group'): the runs of one multi-seed command.", show_default=False)]
+SeedWorkers = Annotated[int, typer.Option(
+    "--seed-workers", help="Seeds run at once in worker processes (1: one after another here).")]
+PresetFilter = Annotated[Optional[str], typer.Option(
+    "--preset", help="With --method: report over the seeds of this preset's runs.", show_default=False)]
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2]; anything else is a usage error naming the fix."""
+    from .errors import UsageError
+
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"--seeds '{text}' is not a comma-separated list of integers", "e.g. --seeds 0,1,2") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise UsageError(f"--seeds '{text}' needs at least one non-negative seed", "e.g. --seeds 0,1,2")
+    if len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds '{text}' repeats a seed", "list each seed once (the same seed gives the same run)")
+    return seeds

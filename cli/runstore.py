@@ -189,7 +189,9 @@ class RunStore:
     def __init__(self, root: Path):
         self.root = Path(root)
 
-    def create(self, method: str, preset: str, seed: int, device: str, config_tree: dict) -> Run:
+    def create(self, method: str, preset: str, seed: int, device: str, config_tree: dict,
+               group: str | None = None) -> Run:
+        """A new run directory; `group` is the id shared by the runs of one multi-seed command."""
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]  # ms: names sort in creation order
         run_id = f"{stamp}-{preset}-s{seed}-{secrets.token_hex(2)}"
         path = self.root / method / run_id
@@ -201,9 +203,46 @@ class RunStore:
             "run_id": run_id, "method": method, "preset": preset, "seed": seed, "device": device,
             "argv": sys.argv[1:], "status": "running", "started": now(), "updated": now(),
             "phases": {}, "versions": package_versions(), "git_commit": git_commit(),
-            "host": platform.node(),
+            "host": platform.node(), **({"group": group} if group else {}),
         })
         return run
+
+    def group(self, group: str, method: str | None = None) -> list[Run]:
+        """The runs recorded with group id `group`, oldest first."""
+        found = []
+        for run in self.runs(method):
+            try:
+                if run.info().get("group") == group:
+                    found.append(run)
+            except UsageError:
+                continue
+        if not found:
+            raise UsageError(f"no runs of group '{group}' in '{self.root}'",
+                             "see 'icml runs' (the group column) or train with --seeds")
+        return found
+
+    def latest_group(self, method: str, phase: str, seeds: list[int] | None = None) -> list[Run]:
+        """The runs of the newest group of `method` whose `phase` completed, for every one of `seeds`
+        (default: the group's seeds)."""
+        seen = set()
+        for run in reversed(self.runs(method)):
+            try:
+                group = run.info().get("group")
+            except UsageError:
+                continue
+            if not group or group in seen:
+                continue
+            seen.add(group)
+            done = {}
+            for member in self.group(group, method):
+                if member.phase_status(phase) == "completed":
+                    done.setdefault(member.info()["seed"], member)
+            wanted = seeds if seeds is not None else sorted(done)
+            if wanted and all(s in done for s in wanted):
+                return [done[s] for s in wanted]
+        which = f"seeds {','.join(map(str, seeds))}" if seeds else "several seeds"
+        raise UsageError(f"no group of {method} with a completed {phase} for {which} in '{self.root}'",
+                         f"run 'icml {method} train --seeds 0,1,2' first, or pass --group / --runs-dir")
 
     def runs(self, method: str | None = None) -> list[Run]:
         """Every directory holding a run.json, oldest first (run ids start with a timestamp)."""

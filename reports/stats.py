@@ -24,3 +24,25 @@ def wilson_interval(k, n, z: float = Z_95) -> tuple[np.ndarray, np.ndarray]:
     low = np.clip(centre - half, 0.0, 1.0)
     high = np.clip(centre + half, 0.0, 1.0)
     return low, high
+
+
+T_INTERVAL = "95 % Student-t interval over seeds: mean ± t(0.975, n−1) · sd / √n"
+
+
+def t_interval(values) -> tuple[float, float, float, float, int]:
+    """(mean, low, high, sd, n) of the finite `values`: the two-sided 95 % Student-t interval of
+    their mean, t(0.975, n−1) · sd/√n wide on each side (sd with ddof = 1). Seeds are few (3–5),
+    which is where t and not the normal quantile is right; a bootstrap of 3 values has only 10
+    distinct resamples. n < 2 gives NaN bounds (no interval from one seed)."""
+    from scipy.stats import t as student_t
+
+    x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=np.float64)
+    n = len(x)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), float("nan"), 0
+    mean = float(x.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), float("nan"), n
+    sd = float(x.std(ddof=1))
+    half = float(student_t.ppf(0.975, n - 1)) * sd / np.sqrt(n)
+    return mean, mean - half, mean + half, sd, n

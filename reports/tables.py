@@ -6,7 +6,9 @@ better; renderers add ↑/↓ to those headers so a reader knows how to compare 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -26,7 +28,24 @@ class Table:
                 for c in self.frame.columns]
 
 
+_min_digits = 0  # raised by full_precision()
+
+
+@contextmanager
+def full_precision(digits: int = 17) -> Iterator[None]:
+    """Inside the block fmt (and so mean_sd) keeps at least `digits` significant digits: a report over
+    seeds builds each seed's tables this way and reads its numbers back, so rounding for display does
+    not enter the intervals."""
+    global _min_digits
+    previous, _min_digits = _min_digits, digits
+    try:
+        yield
+    finally:
+        _min_digits = previous
+
+
 def fmt(value: object, digits: int = 4) -> str:
+    digits = max(digits, _min_digits)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, (float, np.floating)):

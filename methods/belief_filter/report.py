@@ -7,7 +7,24 @@ import pandas as pd
 from icml.methods.belief_filter import METHOD
 from icml.methods.belief_filter.config import ARMS
 from icml.reports.plots import new_axes
+from icml.reports.claims import Claim
 from icml.reports.tables import Table, default_headline, fmt, metric_table
+
+# The spec's expected orderings, judged over the seeds of a group (`icml belief-filter report --group G`).
+CLAIMS = [
+    Claim("E2: the exact LOF errs less than ALF 0.7/log(1/ε) at 1/ε = 250", "decode_error", "lof",
+          "alf_lambda_log", where={"experiment": "e2", "inv_eps": 250.0}),
+    Claim("E2: ALF 0.7/log(1/ε) errs less than ALF √ε at 1/ε = 250", "decode_error", "alf_lambda_log",
+          "alf_sqrt_eps", where={"experiment": "e2", "inv_eps": 250.0}),
+    Claim("E3: ALF 0.7/log errs less than an ALF fed the wrong action at 1/ε = 250", "decode_error",
+          "alf_lambda_log", "alf_wrong_action", where={"experiment": "e3", "inv_eps": 250.0}),
+    Claim("E4: filter features (lof_logits) beat obs_only in final return", "final_return", "lof_logits",
+          "obs_only", where={"experiment": "e4"}),
+    Claim("E4: alf learns faster than lof_logits (return_auc)", "return_auc", "alf", "lof_logits",
+          where={"experiment": "e4"}),
+    Claim("E4: deep_alf beats diag_lrnn in final return", "final_return", "deep_alf", "diag_lrnn",
+          where={"experiment": "e4"}),
+]
 
 E1_VARIANTS = ["lof_linear", "lof_linear_actions", "lof_linear_init_corrected", "lof_linear_stochastic"]
 E2_VARIANTS = ["lof", "alf_lambda_log", "alf_sqrt_eps", "alf_eps_sq", "alf_zero", "alf_one"]

@@ -7,7 +7,16 @@ import pandas as pd
 from icml.methods.event_classify import METHOD
 from icml.methods.event_classify.config import SECNET_VARIANTS, VARIANTS
 from icml.reports.plots import new_axes
+from icml.reports.claims import Claim
 from icml.reports.tables import Table, default_headline, fmt
+
+# The spec's expected results, judged over the seeds of a group (`icml event-classify report --group G`).
+CLAIMS = [
+    Claim("direction: secnet beats frame_cnn_count (sample accuracy)", "sample_acc", "secnet", "frame_cnn_count",
+          where={"dataset": "direction", "sweep": "none"}),
+    Claim("direction: secnet beats secnet_no_pt (sample accuracy)", "sample_acc", "secnet", "secnet_no_pt",
+          where={"dataset": "direction", "sweep": "none"}),
+]
 
 PARTS = ("embed", "spatial_fa", "pool", "temporal_fa", "residual", "head")
 SCALING_QUANTITIES = ("macs_embed", "macs_spatial_fa", "macs_temporal_fa", "macs_temporal_scores", "macs_total",

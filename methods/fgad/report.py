@@ -7,7 +7,16 @@ import pandas as pd
 
 from icml.methods.fgad.config import ABLATIONS, MAIN
 from icml.reports.plots import new_axes
+from icml.reports.claims import Claim
 from icml.reports.tables import Table, fmt, mean_sd
+
+# The spec's expected results, judged over the seeds of a group (`icml fgad report --group G`).
+CLAIMS = [
+    Claim("mvfgad beats local_only at K = 10 (AUROC, all anomalies)", "auroc", "mvfgad", "local_only",
+          where={"K": 10, "group": "all", "agg": "client_weighted"}),
+    Claim("mvfgad beats fedavg_dominant at K = 10 (AUROC, all anomalies)", "auroc", "mvfgad", "fedavg_dominant",
+          where={"K": 10, "group": "all", "agg": "client_weighted"}),
+]
 
 ORDER = MAIN + ABLATIONS
 GROUP_ORDER = ["all", "str_strong", "str_weak", "ctx_strong", "ctx_weak"]

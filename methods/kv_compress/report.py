@@ -8,7 +8,20 @@ import pandas as pd
 from icml.methods.kv_compress import METHOD
 from icml.methods.kv_compress.config import TASKS, VARIANTS
 from icml.reports.plots import new_axes
+from icml.reports.claims import Claim
 from icml.reports.tables import Table, default_headline
+
+# The paper's claims, judged over the seeds of a group (`icml kv-compress report --group G`).
+CLAIMS = [
+    Claim("EntroKV beats SnapKV on aggregation at r = 0.3", "exact_match", "entrokv_snapkv", "snapkv",
+          where={"task": "aggregation", "ratio": 0.3}),
+    Claim("EntroKV keeps more than SnapKV at r = 0.3 (retention, mean over tasks)", "retention",
+          "entrokv_snapkv", "snapkv", where={"ratio": 0.3}),
+    Claim("SnapKV beats StreamingLLM on the needle at r = 0.3", "exact_match", "snapkv", "streamingllm",
+          where={"task": "needle", "ratio": 0.3}),
+    Claim("SnapKV beats StreamingLLM on kv_retrieval at r = 0.3", "exact_match", "snapkv", "streamingllm",
+          where={"task": "kv_retrieval", "ratio": 0.3}),
+]
 
 FOCUS_RATIO = 0.3
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 import pandas as pd
 import torch
 
+from icml.cli import distributed
 from icml.methods.spectral_optim.data import LMBatches, LMData, prepare_data
 from icml.methods.spectral_optim.model import initial_model, load_causal_lm, next_token_loss, uniform_loss
 from icml.methods.spectral_optim.optim import (PAPER_VARIANTS, VARIANTS, SpectralOptimizer, lr_schedule,
@@ -111,13 +112,15 @@ def set_learning_rates(optimizer, settings: RunSettings, step: int, total_steps:
 
 def final_val_loss(model, batches: LMBatches, n_batches: int) -> float:
     """Mean next-token cross-entropy (nats) over the first `n_batches` fixed val batches; the same
-    batches for every run of a grid. Leaves the model in train mode."""
+    batches for every run of a grid. Leaves the model in train mode. Under torchrun each rank takes
+    its slice of every batch and the ranks' means are averaged: the same value on every rank."""
     device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
-        total = sum(next_token_loss(model, batches.val[i].to(device)).item() for i in range(n_batches))
+        total = sum(next_token_loss(model, distributed.shard(batches.val[i]).to(device)).item()
+                    for i in range(n_batches))
     model.train()
-    return total / n_batches
+    return distributed.mean(total / n_batches)
 
 
 def _synchronise(device) -> None:
@@ -133,6 +136,8 @@ def train_one(cfg, variant: str, lr_multiplier: float, model_init, batches: LMBa
     val_loss at step s is measured after s updates (s = 0, every cfg.val_every, and cfg.steps).
     A non-finite loss or gradient norm stops the run early and marks it diverged; so does a final
     val_loss above the initial one (the spec's definition). `progress(n)` advances by n steps.
+    Under torchrun the model trains data-parallel (cli/distributed.py): each rank takes its slice of
+    every global batch, gradients are averaged, and every rank records the global-batch losses.
 
     Returns (rows, state): metric rows tagged with the run's settings, and
     state = {model_state, initial_val_loss, final_val_loss, diverged, steps_done, step_ms,
@@ -147,8 +152,9 @@ def train_one(cfg, variant: str, lr_multiplier: float, model_init, batches: LMBa
 
     model = copy.deepcopy(model_init).to(device)
     model.train()
-    optimizer = build_optimizer(cfg, settings, model)
+    optimizer = build_optimizer(cfg, settings, model)  # on the bare model: Ψ_p layouts by its names
     trainable = [param for param in model.parameters() if param.requires_grad]
+    replicas = distributed.wrap(model)  # DistributedDataParallel under torchrun; the model itself otherwise
 
     started = time.perf_counter()
     initial_val = final_val_loss(model, batches, cfg.val_batches)
@@ -161,8 +167,8 @@ def train_one(cfg, variant: str, lr_multiplier: float, model_init, batches: LMBa
         if diverged:
             break
         set_learning_rates(optimizer, settings, step, cfg.steps)
-        loss = next_token_loss(model, batches.train[step].to(device))
-        loss_value = loss.item()
+        loss = next_token_loss(replicas, distributed.shard(batches.train[step]).to(device))
+        loss_value = distributed.mean(loss.item())  # the global batch's: every rank stops alike
         if not math.isfinite(loss_value):
             record("train_loss", loss_value, step, "train")  # the non-finite value itself, for the curves
             diverged = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save
@@ -43,7 +44,8 @@ def _train_job(cfg, seed: int, variant: str, multiplier: float, device: str, pat
         _worker_grid = prepare_grid(cfg, seed)
     with single_thread():  # small matrices, and step_ms that the other process cannot stall
         rows, state = train_one(cfg, variant, multiplier, _worker_grid.model_init, _worker_grid.batches, device)
-    atomic_torch_save({"variant": variant, "lr_multiplier": multiplier, **state}, path)
+    if distributed.is_main():  # under torchrun every rank holds the same weights; rank 0 writes them
+        atomic_torch_save({"variant": variant, "lr_multiplier": multiplier, **state}, path)
     return rows, {k: state[k] for k in ("final_val_loss", "diverged", "step_ms")}
 
 
@@ -52,12 +54,15 @@ def train(ctx: RunContext) -> None:
     global _worker_grid
     _worker_grid = grid = _grid(ctx)
     ctx.log(f"data: {grid.data.source}; vocab {grid.vocab_size}; "
-            f"{sum(p.numel() for p in grid.model_init.parameters()):,} parameters; {cfg.workers} worker(s)")
+            f"{sum(p.numel() for p in grid.model_init.parameters()):,} parameters; "
+            + (f"{distributed.world_size()} torchrun ranks (data-parallel)" if distributed.launched()
+               else f"{cfg.workers} worker(s)"))
     recorded = ctx.metrics()
     timed = recorded[recorded["metric"] == "step_ms"]
     finished = set(zip(timed["variant"], timed["lr_multiplier"]))
     jobs = [(variant, float(multiplier)) for variant in cfg.variants for multiplier in cfg.lr_multipliers
             if not ((variant, float(multiplier)) in finished and run_path(ctx, variant, multiplier).exists())]
+    jobs = distributed.from_main(jobs)  # under torchrun: what rank 0's run directory still lacks
     skipped = len(cfg.variants) * len(cfg.lr_multipliers) - len(jobs)  # --resume: a whole run is the unit
 
     def done(variant, multiplier, rows, summary):
@@ -71,8 +76,10 @@ def train(ctx: RunContext) -> None:
         run_in_workers(cfg.workers, [((variant, multiplier), _train_job,
                                       (cfg, ctx.seed, variant, multiplier, ctx.device, run_path(ctx, variant, multiplier)))
                                      for variant, multiplier in jobs],
-                       lambda key, result: (done(*key, *result), advance(1)))
-    save_best_checkpoints(ctx, grid)
+                       lambda key, result: (done(*key, *result), advance(1)),
+                       gpus=1 if ctx.device == "cuda" else 0)  # on Ray: a GPU per run when training on GPUs
+    if distributed.is_main():
+        save_best_checkpoints(ctx, grid)
 
 
 def save_best_checkpoints(ctx: RunContext, grid) -> None:

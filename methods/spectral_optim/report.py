@@ -7,7 +7,17 @@ import pandas as pd
 from icml.methods.spectral_optim import METHOD
 from icml.methods.spectral_optim.config import ABLATIONS, VARIANTS
 from icml.reports.plots import new_axes
+from icml.reports.claims import Claim
 from icml.reports.tables import Table, default_headline, fmt
+
+# The spec's expected results, judged over the seeds of a group (`icml spectral-optim report --group G`).
+CLAIMS = [
+    Claim("mSGD's LR sensitivity exceeds Adam's (lr_spread)", "lr_spread", "mSGD", "Adam", expect="higher"),
+    Claim("the mSGD family's best-loss spread exceeds the Adam family's", "family_best_spread", "msgd", "adam",
+          expect="higher"),
+    Claim("p = 0 (mSGDZ, Muon) improves on plain mSGD's best loss", "best_val_loss", "mSGDZ", "mSGD"),
+    Claim("p = ½ (mSGDS) improves on plain mSGD's best loss", "best_val_loss", "mSGDS", "mSGD"),
+]
 
 ORDER = VARIANTS + ABLATIONS
 FAMILIES = {"adam": "Adam family (RMS-normalised)", "msgd": "mSGD family (momentum SGD)"}

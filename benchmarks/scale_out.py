@@ -1,0 +1,76 @@
+"""The wall time of one sweep (spectral-optim's variant × LR grid at the smoke size, 4 independent
+jobs) by executor, as ratios against the local executor in one process (workers=1):
+
+- local/workers=2: two spawned worker processes (cli/workers.py's process pool);
+- ray/workers=1 and ray/workers=2: a local Ray instance of 1 and 2 CPUs, each job a 1-CPU Ray task.
+
+Each sweep is timed inside its driver process, from `main(argv)` to its return: Python's and the Ray
+instance's start-up are left out (a cluster is up before a sweep is sent to it), the job processes'
+start-up and every job's data preparation are in. Run by itself (`python benchmarks/scale_out.py`)
+or from bench.py through `bench(rows)`.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SWEEP = ["spectral-optim", "train", "--preset", "smoke", "--set", "variants=AdamS,mSGDZ",
+         "--set", "lr_multipliers=1,3", "--device", "cpu", "--quiet"]
+
+DRIVER = """
+import logging, sys, time
+cpus, argv = int(sys.argv[1]), sys.argv[2:]
+if cpus:
+    import ray
+    ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+from icml.cli.main import main
+start = time.perf_counter()
+code = main(argv)
+print(time.perf_counter() - start)
+sys.exit(code)
+"""
+
+
+def sweep_seconds(executor: str, workers: int) -> float:
+    """One sweep in a fresh driver process; `workers` is the local process count or the Ray CPUs."""
+    with tempfile.TemporaryDirectory() as runs:
+        argv = SWEEP + ["--runs-dir", runs, "--executor", executor]
+        argv += ["--set", f"workers={workers}"] if executor == "local" else []
+        done = subprocess.run([sys.executable, "-c", DRIVER, str(workers if executor == "ray" else 0), *argv],
+                              capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def bench(rows: list[dict]) -> None:
+    baseline = sweep_seconds("local", 1)
+    for executor, workers in (("local", 2), ("ray", 1), ("ray", 2)):
+        seconds = sweep_seconds(executor, workers)
+        rows.append({"bench": f"sweep/{executor}/workers={workers}", "seconds": seconds,
+                     "baseline": "local executor, workers=1 (one process)", "baseline_seconds": baseline,
+                     "ratio": seconds / baseline})
+        print(f"sweep/{executor}/workers={workers}: {seconds:.1f} s, {seconds / baseline:.3f} × one process "
+              f"({baseline:.1f} s)", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    import pandas as pd
+
+    from icml.cli.results import write_frame
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results/scale_out.parquet"))
+    args = parser.parse_args()
+    rows: list[dict] = []
+    bench(rows)
+    frame = pd.DataFrame(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_frame(args.out, frame)
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Seeds as an axis: `--seeds` makes one run per seed recorded as a group; the group report shows every
+table as mean ± 95 % t-interval over seeds, judges the method's claims from paired per-seed
+differences, and carries the same numbers in --json and groups.parquet; the same seed on the same
+machine gives bit-identical metrics."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from icml.reports.claims import HOLDS, NOT_SHOWN, REVERSED, TOO_FEW, Claim, arm_value, verdict
+from icml.reports.groups import aggregate_table, parse_cell
+from icml.reports.stats import t_interval
+from icml.reports.tables import Table
+
+T975 = {1: 12.706204736174698, 2: 4.302652729749464, 4: 2.7764451051977934}  # Student-t quantiles (tables)
+
+
+def test_t_interval_is_the_student_t_interval_of_the_mean():
+    mean, low, high, sd, n = t_interval([1.0, 2.0, 3.0])
+    assert (mean, sd, n) == (2.0, 1.0, 3)
+    assert high - mean == pytest.approx(T975[2] / math.sqrt(3), rel=1e-12)
+    assert mean - low == pytest.approx(high - mean, rel=1e-15)
+    # two seeds: sd = |a − b|/√2, so the half-width is t(0.975, 1) · |a − b| / 2
+    mean, low, high, _, _ = t_interval([0.5, 0.7])
+    assert high - low == pytest.approx(T975[1] * 0.2, rel=1e-12)
+    values = [0.31, 0.29, 0.35, 0.30, 0.33]
+    mean, low, high, sd, n = t_interval(values)
+    assert high - mean == pytest.approx(T975[4] * np.std(values, ddof=1) / math.sqrt(5), rel=1e-12)
+    # one seed: a mean but no interval; NaN values are not seeds
+    assert math.isnan(t_interval([0.4])[1]) and t_interval([0.4, float("nan")])[4] == 1
+
+
+def test_verdict_needs_the_interval_to_exclude_zero_on_the_claimed_side():
+    assert verdict(0.01, 0.05, "higher") == HOLDS
+    assert verdict(-0.05, -0.01, "higher") == REVERSED
+    assert verdict(-0.01, 0.05, "higher") == NOT_SHOWN
+    assert verdict(-0.05, -0.01, "lower") == HOLDS  # lower-is-better metric: a − b < 0 is the claim
+    assert verdict(0.0, 0.05, "higher") == NOT_SHOWN  # touching zero does not exclude it
+    assert verdict(float("nan"), float("nan"), "higher") == TOO_FEW
+
+
+def test_cells_parse_numbers_percentages_and_within_run_intervals():
+    assert parse_cell(0.25) == (0.25, "")
+    assert parse_cell("0.731 ± 0.05") == (0.731, "")
+    assert parse_cell("97.8 %") == (97.8, " %")
+    assert parse_cell("−0.045") == (-0.045, "")
+    assert parse_cell("0.0517 [0.049, 0.054]") == (0.0517, "")
+    assert parse_cell("1.2e-03") == (0.0012, "")
+    assert parse_cell("snapkv") == (None, "snapkv")
+    assert parse_cell("[−0.045, −0.005]")[0] is None  # an interval alone is text, not a number
+    assert math.isnan(parse_cell("–")[0])
+
+
+def test_tables_align_rows_by_their_text_keys_and_keep_constant_cells():
+    seed0 = Table("t", pd.DataFrame({"variant": ["a", "b"], "ratio": [0.3, 0.3], "em": ["0.5", "0.7"],
+                                     "note": ["x", "y"]}), {"em": "higher"})
+    seed1 = Table("t", pd.DataFrame({"variant": ["b", "a"], "ratio": [0.3, 0.3], "em": ["0.9", "0.6"],
+                                     "note": ["y", "z"]}))  # rows in another order
+    table, cells = aggregate_table("t", [seed0, seed1], [0, 1])
+    frame = table.frame.set_index("variant")
+    assert frame.loc["a", "ratio"] == "0.3" and frame.loc["b", "note"] == "y"
+    assert frame.loc["a", "note"] == "s0: x | s1: z"
+    em = {c["row"]: c for c in cells if c["column"] == "em"}
+    assert em["a"]["per_seed"] == [0.5, 0.6] and em["b"]["per_seed"] == [0.7, 0.9]
+    mean, low, high, _, _ = t_interval([0.7, 0.9])
+    assert (em["b"]["mean"], em["b"]["ci_low"], em["b"]["ci_high"]) == (mean, low, high)
+    assert frame.loc["b", "em"].startswith("0.8 ± ") and table.better == {"em": "higher"}
+
+
+def test_claim_arms_are_means_of_their_matching_rows():
+    frame = pd.DataFrame({"phase": "eval", "metric": "em", "variant": ["x", "x", "y", "y", "x"],
+                          "task": ["t1", "t2", "t1", "t2", "t1"], "ratio": [0.3, 0.3, 0.3, 0.3, 0.5],
+                          "step": 0, "value": [0.2, 0.4, 0.1, 0.1, 0.9]})
+    claim = Claim("x beats y", "em", "x", "y", where={"ratio": 0.3})
+    assert arm_value(frame, claim, "x") == pytest.approx(0.3, abs=1e-15)
+    assert arm_value(frame, claim, {"variant": "y", "task": "t2"}) == 0.1
+    assert math.isnan(arm_value(frame, Claim("c", "em", "z", "y"), "z"))
+
+
+@pytest.fixture
+def toy_claims(toy, monkeypatch):
+    """The toy method with one claim: momentum's test MSE below plain SGD's."""
+    import importlib
+
+    report = importlib.import_module("toy_method.report")
+    monkeypatch.setattr(report, "CLAIMS", [Claim("momentum beats sgd", "mse", "momentum", "sgd")], raising=False)
+    return toy
+
+
+def test_seeds_make_a_group_whose_report_carries_every_number(icml, toy_claims, tmp_path):
+    result = icml("toy", "train", "--preset", "smoke", "--seeds", "0,1,2", "--json")
+    assert result.code == 0, result.err
+    doc = result.json()
+    group = doc["group"]
+    runs = [Path(r["run_dir"]) for r in doc["runs"]]
+    infos = [json.loads((run / "run.json").read_text()) for run in runs]
+    assert [i["seed"] for i in infos] == [0, 1, 2] and {i["group"] for i in infos} == {group}
+    assert icml("toy", "train", "--preset", "smoke", "--seed", "5").code == 0  # not in the group
+
+    result = icml("toy", "eval", "--group", group, "--json")
+    assert result.code == 0, result.err
+    assert [r["seed"] for r in result.json()["runs"]] == [0, 1, 2]
+
+    result = icml("report", "--group", group, "--json")
+    assert result.code == 0, result.err
+    report = result.json()
+    assert report["group"]["seeds"] == [0, 1, 2] and "Student-t" in report["group"]["interval"]
+    frames = [pd.read_parquet(run / "metrics.parquet") for run in runs]
+    mse = {v: [float(f.loc[(f.phase == "eval") & (f.variant == v), "value"].iloc[0]) for f in frames]
+           for v in ("sgd", "momentum")}
+    (claim,) = report["claims"]
+    diffs = [m - s for m, s in zip(mse["momentum"], mse["sgd"])]  # paired by seed, from the raw metrics
+    mean, low, high, _, _ = t_interval(diffs)
+    assert claim["per_seed"] == diffs and (claim["mean"], claim["ci_low"], claim["ci_high"]) == (mean, low, high)
+    assert claim["verdict"] == verdict(low, high, "lower") and claim["expect"] == "a − b < 0"
+    (eval_table,) = [t for t in report["tables"] if t["title"] == "eval metrics"]
+    for cell in eval_table["cells"]:  # table cells: each seed's tables are read at full precision
+        assert cell["per_seed"] == mse[cell["row"]]
+        assert cell["mean"] == pytest.approx(np.mean(cell["per_seed"]), rel=1e-14)
+
+    parquet = pd.read_parquet(report["group"]["groups_parquet"])
+    assert set(parquet["kind"]) == {"claim", "cell"} and (parquet["group_id"] == group).all()
+    row = parquet[parquet["kind"] == "claim"].iloc[0]
+    assert (row["mean"], row["ci_low"], row["ci_high"], row["verdict"]) == (mean, low, high, claim["verdict"])
+    assert list(row["per_seed"]) == diffs
+    assert (Path(report["group"]["groups_parquet"]).parent / "report.html").exists()
+
+    # the same group through the method's report, by seeds, and the root report by method + preset
+    by_seeds = icml("toy", "report", "--seeds", "0,1,2", "--json").json()
+    assert by_seeds["claims"][0]["per_seed"] == diffs
+    result = icml("report", "--method", "toy", "--preset", "smoke", "--format", "markdown")
+    assert result.code == 0, result.err
+    assert "claims (paired differences over seeds)" in result.out and "momentum beats sgd" in result.out
+    by_preset = icml("report", "--method", "toy", "--preset", "smoke", "--json").json()
+    assert by_preset["group"]["seeds"] == [0, 1, 2]  # seed 5's run has no eval: not a seed of the report
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["toy", "train", "--seeds", "0,x"], "not a comma-separated list"),
+    (["toy", "train", "--seeds", "1,1"], "repeats a seed"),
+    (["toy", "train", "--seeds", "0,1", "--seed", "2"], "--seeds starts one new run per seed"),
+    (["toy", "eval", "--group", "nope"], "no runs of group 'nope'"),
+    (["toy", "report", "--seeds", "0,1"], "no group of toy"),
+    (["report", "--preset", "smoke"], "takes --group G, or --method M"),
+])
+def test_bad_seed_input_is_one_line(icml, toy, argv, problem):
+    result = icml(*argv)
+    assert result.code == 2 and problem in result.err
+    assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+
+
+def _values(run: Path) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "metrics.parquet")
+    return frame.drop(columns=["run_id"]).sort_values(["phase", "variant", "metric", "step"]).reset_index(drop=True)
+
+
+def test_the_same_seed_on_this_machine_is_bit_identical(icml):
+    """single-index's smoke config, trained twice at seed 0 and once at seed 1 in one process."""
+    group = icml("single-index", "train", "--preset", "smoke", "--seeds", "0,1", "--json").json()
+    again = icml("single-index", "train", "--preset", "smoke", "--seed", "0", "--json").json()
+    first, other = (Path(r["run_dir"]) for r in group["runs"])
+    a, b = _values(first), _values(Path(again["run_dir"]))
+    assert len(a) > 0
+    pd.testing.assert_frame_equal(a, b, check_exact=True)  # every value, bit for bit
+    assert not np.array_equal(a["value"].to_numpy(), _values(other)["value"].to_numpy())
