@@ -77,6 +77,15 @@ def psi_half_vs_svd(sizes=((64, 64), (128, 512), (256, 256), (512, 512)), repeat
     return out
 
 
+def write_results(out: Path, rows: list[dict]) -> None:
+    """The rows as one Parquet table (atomically), echoed as text."""
+    frame = pd.DataFrame(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_frame(out, frame)
+    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"written to {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.parquet"))
@@ -122,11 +131,7 @@ def main() -> None:
 
         scale_out_bench(rows)
 
-    frame = pd.DataFrame(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_frame(args.out, frame)
-    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"written to {args.out}")
+    write_results(args.out, rows)
 
 
 if __name__ == "__main__":

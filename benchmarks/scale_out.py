@@ -48,7 +48,7 @@ def bench(rows: list[dict]) -> None:
     baseline = sweep_seconds("local", 1)
     for executor, workers in (("local", 2), ("ray", 1), ("ray", 2)):
         seconds = sweep_seconds(executor, workers)
-        rows.append({"bench": f"sweep/{executor}/workers={workers}", "seconds": seconds,
+        rows.append({"bench": f"scale_out/sweep/{executor}/workers={workers}", "seconds": seconds,
                      "baseline": "local executor, workers=1 (one process)", "baseline_seconds": baseline,
                      "ratio": seconds / baseline})
         print(f"sweep/{executor}/workers={workers}: {seconds:.1f} s, {seconds / baseline:.3f} × one process "
@@ -56,20 +56,14 @@ def bench(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    import pandas as pd
-
-    from icml.cli.results import write_frame
+    from bench import write_results  # this folder is on sys.path when run as a script
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/scale_out.parquet"))
     args = parser.parse_args()
     rows: list[dict] = []
     bench(rows)
-    frame = pd.DataFrame(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_frame(args.out, frame)
-    print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"written to {args.out}")
+    write_results(args.out, rows)
 
 
 if __name__ == "__main__":
