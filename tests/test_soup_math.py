@@ -2,6 +2,7 @@
 and a numerical reference, the folded probe, greedy selection and the evaluation primitives."""
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -10,11 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from icml.methods.soup.config import ViTConfig, parse_ingredients
-from icml.methods.soup.soups import (Classifier, FeatureNet, dist_from_stock, fold_standardisation, greedy_soup,
-                                     interpolation_barrier, knn_predict, neighbour_entropy, season_weights,
-                                     soup_state, task_vector_cos)
-from icml.methods.soup.ssl import epps_pulley, lejepa_loss, masked_patch_mse, mmcr_loss, mocov3_loss, sigreg
-from icml.methods.soup.vit import build_stock, cls_features, encoder_of
+from icml.methods.soup.soups import (Classifier, FeatureNet, check_one_stock, dist_from_stock, fingerprint,
+                                     fold_standardisation, greedy_soup, interpolation_barrier, knn_predict,
+                                     neighbour_entropy, season_weights, soup_state, task_vector_cos)
+from icml.methods.soup.ssl import (epps_pulley, lejepa_loss, masked_patch_mse, mmcr_loss, mocov3_loss, sigreg,
+                                   ssl_loss)
+from icml.methods.soup.vit import adamw, build_stock, cls_features, encoder_of, projector, ssl_view
 
 TINY = ViTConfig(image_size=8, patch_size=4, hidden_size=16, layers=1, heads=2, intermediate_size=32,
                  decoder_hidden_size=8, decoder_layers=1, decoder_heads=2, decoder_intermediate_size=16)
@@ -54,6 +56,36 @@ def test_one_ingredient_classifier_soup_predicts_like_the_ingredient():
     twin = Classifier(encoder_of(build_stock(TINY, 1, 1)), torch.nn.Linear(16, 3)).eval()
     twin.load_state_dict(soup_state([model.state_dict()]))
     assert torch.equal(model(images), twin(images))
+
+
+@pytest.mark.parametrize("k", [2, 3, 5, 7])
+def test_a_soup_of_k_copies_of_one_ingredient_is_that_ingredient(k):
+    """Σ (1/k)·θ over k copies is θ bit for bit (float64 accumulation, one rounding back to float32),
+    for an encoder and for a classifier (its predictions too)."""
+    encoder = encoder_of(build_stock(TINY, 1, 3)).eval()
+    model = Classifier(encoder, torch.nn.Linear(16, 3)).eval()
+    state = model.state_dict()
+    souped = soup_state([state] * k)
+    assert souped.keys() == state.keys() and all(torch.equal(souped[key], state[key]) for key in state)
+    twin = Classifier(encoder_of(build_stock(TINY, 1, 4)), torch.nn.Linear(16, 3)).eval()
+    twin.load_state_dict(souped)
+    images = torch.rand(5, 1, 8, 8)
+    assert torch.equal(model(images), twin(images))
+
+
+def test_stock_fingerprint_identifies_a_stock_and_refuses_mixed_soups():
+    a, b = tiny_states(2)
+    assert fingerprint(a) == fingerprint({k: v.clone() for k, v in a.items()})  # the values, not the objects
+    assert fingerprint(a) != fingerprint(b)  # another random init
+    nudged = {k: v.clone() for k, v in a.items()}
+    key = next(k for k, v in a.items() if torch.is_floating_point(v) and v.ndim == 2)
+    nudged[key].view(-1)[0] = torch.nextafter(nudged[key].view(-1)[0], torch.tensor(math.inf))  # one ulp
+    assert fingerprint(nudged) != fingerprint(a)
+    check_one_stock({"x": fingerprint(a), "y": fingerprint(a)})
+    with pytest.raises(ValueError, match=r"different stocks: x, y \(from stock \w+\) vs z \(from stock \w+\)"):
+        check_one_stock({"x": fingerprint(a), "y": fingerprint(a), "z": fingerprint(b)})
+    with pytest.raises(ValueError, match="y carry no stock fingerprint"):
+        check_one_stock({"x": fingerprint(a), "y": None})
 
 
 def test_task_vectors_and_distance():
@@ -178,14 +210,29 @@ def test_sigreg_counts_the_imaginary_part_and_the_factor_n():
     assert torch.allclose(epps_pulley(doubled), 2 * epps_pulley(sample), rtol=1e-12)
 
 
-def test_sigreg_directions_are_random_unit_vectors_seeded_by_the_step():
+def test_sigreg_directions_are_unit_vectors_seeded_by_the_step():
+    # in one dimension every unit direction is ±1 and the statistic is even in s: SIGReg is the Epps–Pulley
+    # statistic of the sample itself, at every step (a direction of another norm would rescale s)
+    s = torch.randn(50, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 1.7 + 0.3
+    for step in (0, 1, 9):
+        assert float(sigreg(s, step)) == pytest.approx(float(epps_pulley(s)[0]), rel=1e-12)
     e = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
-    assert float(sigreg(e, step=3)) == float(sigreg(e, step=3))
-    assert float(sigreg(e, step=3)) != float(sigreg(e, step=4))
-    generator = torch.Generator().manual_seed(5)
-    a = torch.randn(8, 256, generator=generator)
-    a = a / a.norm(dim=0, keepdim=True)
-    assert float(sigreg(e, step=5)) == pytest.approx(float(epps_pulley(e @ a).mean()), rel=1e-6)
+    assert float(sigreg(e, step=3)) == float(sigreg(e, step=3))  # seeded by the step
+    assert float(sigreg(e, step=3)) != float(sigreg(e, step=4))  # drawn afresh at every step
+
+
+def test_sigreg_is_the_mean_statistic_over_uniformly_random_directions():
+    """With many directions SIGReg converges to the average over the circle of the closed-form statistic
+    of the projected sample (an independent reference: Gaussian integrals on a fine angle grid)."""
+    rng = np.random.default_rng(3)
+    e = rng.standard_normal((40, 2)) * np.array([2.0, 0.5]) + np.array([0.5, 0.0])  # anisotropic: direction matters
+    angles = np.linspace(0, 2 * np.pi, 2000, endpoint=False)
+    per_angle = np.array([exact_epps_pulley(e @ np.array([np.cos(a), np.sin(a)])) for a in angles])
+    directions = 4000
+    ours = float(sigreg(torch.tensor(e), step=0, directions=directions, knots=201))
+    standard_error = per_angle.std() / math.sqrt(directions)
+    assert abs(ours - per_angle.mean()) < 4 * standard_error  # Monte Carlo over directions, 4 standard errors
+    assert per_angle.std() > 0.1 * per_angle.mean()  # the directions really differ, so this can fail
 
 
 def test_lejepa_loss_by_hand():
@@ -256,3 +303,73 @@ def test_fine_tune_starts_from_copies_and_trains_every_parameter():
     assert all(torch.equal(v, encoder.state_dict()[k]) for k, v in before.items())  # the caller's encoder is untouched
     moved = (model.encoder.embeddings.position_embeddings - encoder.embeddings.position_embeddings).detach()
     assert float(moved.abs().max()) > 0 and len(curve) == 2
+
+
+# the SSL stage on the real ViT ----------------------------------------------------------------------------
+def test_mocov3_keys_carry_no_gradient():
+    """The encoder's gradient of the MoCo v3 loss is that of the query path alone: the same loss with keys
+    from a frozen copy of the encoder gives the same gradient; keys with a gradient would not."""
+    (recipe,) = parse_ingredients("mocov3:tau=0.2")
+    stock = build_stock(TINY, 1, 0)
+    encoder = encoder_of(stock)
+    head = projector(16, 0)
+    images = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+    def gradient(loss):
+        return torch.autograd.grad(loss, [p for p in encoder.parameters() if p.requires_grad], allow_unused=True)
+
+    ours = gradient(ssl_loss(recipe, stock, head, images, torch.Generator().manual_seed(1), 0))
+    generator = torch.Generator().manual_seed(1)
+    v1, v2 = ssl_view(images, generator), ssl_view(images, generator)
+    frozen = copy.deepcopy(encoder).requires_grad_(False)
+    reference = gradient(mocov3_loss(head(cls_features(encoder, v1)), cls_features(frozen, v2), 0.2))
+    with_key_gradient = gradient(mocov3_loss(head(cls_features(encoder, v1)), cls_features(encoder, v2), 0.2))
+    pairs = [(a, b) for a, b in zip(ours, reference) if a is not None]
+    assert len(pairs) > 10 and all(torch.equal(a, b) for a, b in pairs)
+    assert any(not torch.allclose(a, c) for a, c in zip(ours, with_key_gradient) if a is not None)
+
+
+@pytest.mark.parametrize("augment", [True, False])
+def test_mae_ingredient_loss_counts_only_masked_patches_of_an_augmented_view(augment):
+    """Through the cook path: the loss is the pixel MSE over the masked patches only (its gradient is zero at
+    every visible patch), against the image the model actually saw — an augmented view (as released), or
+    the raw image in the mae_augment=false ablation."""
+    (recipe,) = parse_ingredients("mae:mask=0.5")
+    stock = build_stock(TINY, 1, 0)
+    seen = {}
+    stock.register_forward_pre_hook(lambda module, args, kwargs: seen.update(pixels=kwargs["pixel_values"]),
+                                    with_kwargs=True)
+
+    def keep(module, args, out):
+        out.logits.retain_grad()
+        seen["out"] = out
+
+    stock.register_forward_hook(keep)
+    images = torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    loss = ssl_loss(recipe, stock, None, images, torch.Generator().manual_seed(1), 0, mae_augment=augment)
+    loss.backward()
+    out, pixels = seen["out"], seen["pixels"]
+    assert torch.equal(pixels, images) is not augment  # the MAE ingredient sees an augmented view
+    mask = out.mask.bool()
+    assert mask.sum(1).tolist() == [2] * 4  # ρ = 0.5 of the 4 patches
+    grad = out.logits.grad
+    assert float(grad[~mask].abs().max()) == 0.0 and float(grad[mask].abs().min()) > 0
+    patches = pixels.detach().unfold(2, 4, 4).unfold(3, 4, 4).reshape(4, 4, 16).numpy()  # 2×2 patches, row-major
+    predicted = out.logits.detach().numpy()
+    per_patch = ((predicted - patches) ** 2).mean(-1)
+    assert float(loss.detach()) == pytest.approx(per_patch[mask.numpy()].mean(), rel=1e-6)
+
+
+def test_optimiser_schedule_is_linear_warmup_then_cosine():
+    """lr_s = lr·s/w for s < w, then lr·½(1 + cos(π(s − w)/(T − w))): 10 % warm-up from 0, cosine to 0."""
+    total, lr = 50, 0.3
+    optimizer, schedule = adamw([torch.nn.Parameter(torch.zeros(1))], lr, 0.0, total, 0.1)
+    lrs = []
+    for _ in range(total):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    warmup = 5
+    expected = [lr * s / warmup if s < warmup else lr * 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup)))
+                for s in range(total)]
+    assert lrs == pytest.approx(expected, rel=1e-12, abs=1e-15)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from icml.cli.errors import UsageError
+
 ALGOS = ("mae", "mocov3", "mmcr", "lejepa")
 ORDERS = ("soup_then_ft", "ft_then_soup")
 GREEDY_ON = ("val_clean", "val_shift")
@@ -51,6 +53,7 @@ class SSLConfig:
     lr: float = 3e-4
     weight_decay: float = 0.01
     warmup_frac: float = 0.1
+    mae_augment: bool = True  # MAE ingredients see one augmented view, as released (false: raw images, the ablation)
 
 
 @dataclass
@@ -256,6 +259,32 @@ def validate(cfg: SoupConfig) -> None:
         raise ValueError(f"shift_data '{cfg.shift_data}' is not a directory (expected images or "
                          "<type>/<severity>/<class>/<image>)")
     if cfg.model:
-        if not (Path(cfg.model) / "config.json").is_file():
-            raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
-                             "save one with save_pretrained)")
+        read_model_config(cfg.model)
+    elif cfg.stock.steps == 0:  # the paper preset: θ₀ must be a real pre-trained MAE, not a random init
+        raise UsageError("stock.steps is 0 (the paper preset) and no --model is given, so every ingredient "
+                         "would be cooked from a randomly initialised ViT",
+                         "pass --model DIR, a local ViTMAE checkpoint such as vit-mae-base saved with "
+                         "save_pretrained (or set stock.steps > 0 to MAE-pretrain the toy stock)")
+
+
+def read_model_config(model: str) -> dict:
+    """The config.json of a --model directory, or a one-line error naming the file and the fix."""
+    import json
+    from pathlib import Path
+
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        raise UsageError(f"model '{model}' is not a checkpoint directory (no config.json)",
+                         "pass a directory saved with save_pretrained")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
+                         "restore the file or re-save the model with save_pretrained") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise UsageError(f"{path} cannot be read ({exc})",
+                         "restore the file or re-save the model with save_pretrained") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise UsageError(f"{path} is not a transformers model config (no model_type)",
+                         "pass a ViTMAE or ViT directory saved with save_pretrained")
+    return config

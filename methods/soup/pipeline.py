@@ -24,6 +24,7 @@ INTERP_PAIRS = (("mae_m75", "mocov3_t0.2"),)
 ALPHAS = [round(0.1 * i, 1) for i in range(11)]
 DIFF_INIT_SEED_OFFSET = 7919  # diff_init's stock init seed = run seed + this
 KNN_SHIFT_IMAGES = 1000  # seen-type corrupted test images for an SSL encoder's shifted knn_acc
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 # data ------------------------------------------------------------------------------------------------
@@ -113,25 +114,34 @@ def save_unit(ctx: RunContext, name: str, payload: dict) -> None:
 
 def _stock(ctx: RunContext, channels: int):
     """(stock model, whether it was loaded from --model)."""
+    import pickle
+
+    from safetensors import SafetensorError
+
     from icml.methods.soup.vit import build_stock, load_stock
 
     cfg = ctx.config
     if cfg.model:
         try:
             return load_stock(cfg.model), True
-        except (OSError, ValueError) as exc:
-            raise IcmlError(f"model '{cfg.model}' cannot be loaded ({str(exc).splitlines()[0]})",
+        except (OSError, ValueError, RuntimeError, SafetensorError, pickle.UnpicklingError) as exc:
+            reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+            weights = [p for p in (Path(cfg.model) / n for n in WEIGHT_FILES) if p.is_file()]
+            if weights and isinstance(exc, (SafetensorError, pickle.UnpicklingError, RuntimeError)):
+                raise IcmlError(f"weights file {weights[0]} is corrupt or truncated ({reason})",
+                                "re-save the model with save_pretrained or copy the file again") from None
+            raise IcmlError(f"model '{cfg.model}' cannot be loaded ({reason})",
                             "pass a ViTMAE or ViT checkpoint directory saved with save_pretrained") from None
     return build_stock(cfg.vit, channels, ctx.seed), False
 
 
 def input_spec(ctx: RunContext) -> tuple[int, int]:
     """(image size, channels) of the stock: --model's, else the toy stock's for the data."""
-    import json
+    from icml.methods.soup.config import read_model_config
 
     cfg = ctx.config
     if cfg.model:
-        config = json.loads((Path(cfg.model) / "config.json").read_text())
+        config = read_model_config(cfg.model)
         size = config.get("image_size", 224)
         return (size if isinstance(size, int) else size[0]), config.get("num_channels", 3)
     return cfg.vit.image_size, (3 if cfg.data else 1)
@@ -165,7 +175,7 @@ def train(ctx: RunContext) -> None:
     from transformers.utils import logging as hf_logging
 
     from icml.cli.threads import single_thread
-    from icml.methods.soup.soups import fine_tune
+    from icml.methods.soup.soups import fine_tune, fingerprint
     from icml.methods.soup.ssl import cook
     from icml.methods.soup.vit import build_stock, encoder_of
 
@@ -173,10 +183,10 @@ def train(ctx: RunContext) -> None:
     cfg = ctx.config
     size, channels = input_spec(ctx)
     with single_thread():
+        stock, loaded = _stock(ctx, channels)  # first: a bad --model fails before the data is built
+        recipes = recipes_of(ctx, stock)
         started = time.time()
         data = prepare_data(cfg, ctx.seed, size, channels)
-        stock, loaded = _stock(ctx, channels)
-        recipes = recipes_of(ctx, stock)
         ctx.log(f"data: {len(data.train)}/{len(data.val)}/{len(data.test)} clean, {len(data.test_sets)} shifted "
                 f"test sets, U = {len(data.pool)} unlabelled images; {len(recipes)} ingredients")
         ctx.record([{"variant": "data", "metric": "wall_s", "value": time.time() - started, "stage": "data"}],
@@ -187,6 +197,8 @@ def train(ctx: RunContext) -> None:
         stock.save_pretrained(ctx.checkpoints / "hf" / "stock")
         encoder = encoder_of(stock)
         head = probe_head(ctx, data, "h0", encoder)
+        origin = {"stock": fingerprint(encoder.state_dict())}  # θ₀'s identity, recorded with every unit
+        ft_origin = {**origin, "h0": fingerprint(head.state_dict())}
 
         # ingredients ------------------------------------------------------------------------------
         jobs = [(r, "shift") for r in recipes]
@@ -200,13 +212,14 @@ def train(ctx: RunContext) -> None:
                     pool = data.pool if pool_name == "shift" else data.train.images
                     cooked, curve = cook(recipe, stock, pool, cfg.ssl.steps, cfg.ssl.batch_size, cfg.ssl.lr,
                                          cfg.ssl.weight_decay, cfg.ssl.warmup_frac, ctx.seed * 1000 + index,
-                                         ctx.device, cfg.mocov3.momentum, cfg.mocov3.symmetric)
+                                         ctx.device, cfg.mocov3.momentum, cfg.mocov3.symmetric,
+                                         cfg.ssl.mae_augment)
                     tags = {"stage": "ssl", "algo": recipe.algo, "ingredient": recipe.name, "ssl_pool": pool_name}
                     ctx.record([{"variant": name, "metric": "ssl_loss", "value": v, "step": s, **tags}
                                 for s, v in curve]
                                + [{"variant": name, "metric": "wall_s", "value": time.time() - started, **tags}],
                                split="train")
-                    save_unit(ctx, "ssl_" + name, {"state": cooked.state_dict()})
+                    save_unit(ctx, "ssl_" + name, {"state": cooked.state_dict(), **origin})
                     cooked.save_pretrained(ctx.checkpoints / "hf" / ("ssl_" + name))
                 advance(1)
 
@@ -232,7 +245,7 @@ def train(ctx: RunContext) -> None:
                     rows.append({"variant": name, "metric": "wall_s", "value": time.time() - started, "stage": "ft",
                                  **tags})
                     ctx.record(rows, split="train")
-                    save_unit(ctx, name, {"state": model.state_dict()})
+                    save_unit(ctx, name, {"state": model.state_dict(), **ft_origin})
                     save_classifier(model, ctx.checkpoints / "hf" / name)
                 advance(1)
 
@@ -253,7 +266,9 @@ def train(ctx: RunContext) -> None:
                             for s, v in curve]
                            + [{"variant": "diff_init", "metric": "wall_s", "value": time.time() - started,
                                "stage": "ft"}], split="train")
-                save_unit(ctx, "diff_init", {"state": model.state_dict()})
+                save_unit(ctx, "diff_init", {"state": model.state_dict(),
+                                             "stock": fingerprint(other_encoder.state_dict()),
+                                             "h0": fingerprint(other_head.state_dict())})
                 save_classifier(model, ctx.checkpoints / "hf" / "diff_init")
 
 
@@ -267,7 +282,9 @@ def pretrained_stock(ctx: RunContext, data: Data, unit: str, stock, loaded: bool
     stock.steps is 0), saved as `unit`; --resume reloads it."""
     import torch
 
+    from icml.methods.soup.soups import fingerprint
     from icml.methods.soup.ssl import pretrain_mae
+    from icml.methods.soup.vit import encoder_of
 
     cfg = ctx.config
     done = saved(ctx, unit)
@@ -283,9 +300,8 @@ def pretrained_stock(ctx: RunContext, data: Data, unit: str, stock, loaded: bool
                      "algo": "mae", "ssl_pool": "clean"} for s, v in curve]
                    + [{"variant": unit, "metric": "wall_s", "value": time.time() - started, "stage": "ssl"}],
                    split="train")
-        save_unit(ctx, unit, {"state": stock.state_dict()})
-    else:
-        save_unit(ctx, unit, {"state": stock.state_dict()})
+    if done is None:  # θ₀ as trained here, or as loaded / left at its init
+        save_unit(ctx, unit, {"state": stock.state_dict(), "stock": fingerprint(encoder_of(stock).state_dict())})
     return stock.to(ctx.device).eval()
 
 
@@ -293,7 +309,7 @@ def probe_head(ctx: RunContext, data: Data, unit: str, encoder):
     """h0: the linear probe on standardised features of `encoder`, its lr picked on val; saved as `unit`."""
     import torch
 
-    from icml.methods.soup.soups import features_of, fit_probe
+    from icml.methods.soup.soups import features_of, fingerprint, fit_probe
 
     cfg = ctx.config
     done = saved(ctx, unit)
@@ -302,7 +318,7 @@ def probe_head(ctx: RunContext, data: Data, unit: str, encoder):
         val_z = features_of(encoder, data.val.images, ctx.device)
         head, lr = fit_probe(train_z, data.train.labels, val_z, data.val.labels, len(data.classes),
                              cfg.ft.probe_lrs, cfg.ft.probe_steps, ctx.seed)
-        done = {"state": head.state_dict(), "lr": lr}
+        done = {"state": head.state_dict(), "lr": lr, "stock": fingerprint(encoder.state_dict())}
         save_unit(ctx, unit, done)
     head = torch.nn.Linear(encoder.config.hidden_size, len(data.classes))
     head.load_state_dict(done["state"])
@@ -458,6 +474,7 @@ class Evaluation:
     def __init__(self, ctx: RunContext):
         import torch
 
+        from icml.methods.soup.soups import fingerprint
         from icml.methods.soup.vit import Classifier, encoder_of
 
         self.ctx = ctx
@@ -475,9 +492,17 @@ class Evaluation:
         self.template = Classifier(copy.deepcopy(self.encoder), copy.deepcopy(self.head)).to(ctx.device).eval()
         self.names = [variant_name(r.name, "shift") for r in self.recipes]
         self.control_names = [variant_name(r.name, "clean") for r in self.controls]
-        self.ssl = {n: self._unit("ssl_" + n) for n in self.names + self.control_names}
-        self.ft = {n: self._unit(n) for n in ["stock_ft", *self.names, *self.control_names,
-                                              *supervised_names(cfg)]}
+        ssl_units = {n: self._payload("ssl_" + n) for n in self.names + self.control_names}
+        ft_units = {n: self._payload(n) for n in ["stock_ft", *self.names, *self.control_names,
+                                                  *supervised_names(cfg)]}
+        self.ssl = {n: unit["state"] for n, unit in ssl_units.items()}
+        self.ft = {n: unit["state"] for n, unit in ft_units.items()}
+        # the θ₀ (and h0) each unit started from: soups of different stocks are refused
+        stock_origin = fingerprint(self.encoder.state_dict())
+        self.ssl_origin = {"stock": stock_origin, **{n: unit.get("stock") for n, unit in ssl_units.items()}}
+        self.ft_origin = {n: unit.get("stock") for n, unit in ft_units.items()}
+        self.head_origin = {n: unit.get("h0") for n, unit in ft_units.items()}
+        self.run_origin = {"stock": stock_origin, "h0": fingerprint(self.head.state_dict())}
         self.scorer = Scorer(self.data, ctx.device, bool(self.data.val_sets), cfg.eval_severities)
         self.logits: dict[str, dict] = {}
         self.accuracy: dict[str, dict] = {}
@@ -486,12 +511,36 @@ class Evaluation:
         self.rows: list[dict] = []
         self.ft_cache: dict[str, dict] = {}
 
-    def _unit(self, name: str) -> dict:
+    def _payload(self, name: str) -> dict:
         unit = saved(self.ctx, name)
         if unit is None:
             raise IcmlError(f"checkpoint of '{name}' is missing in {self.ctx.run.path}",
                             f"finish training: icml soup train --resume {self.ctx.run.path}")
-        return unit["state"]
+        return unit
+
+    def _unit(self, name: str) -> dict:
+        return self._payload(name)["state"]
+
+    def check_one_stock(self, variant: str, members: list[str], order: str) -> None:
+        """Every member of a soup must have started from this run's θ₀ (and, for souped classifiers, its h0)."""
+        from icml.methods.soup.soups import check_one_stock
+
+        members = [m for m in members if m != "stock"]
+        if order == "ft_then_soup":
+            checks = [("stock", self.ft_origin), ("probe h0", self.head_origin)]
+        else:
+            checks = [("stock", self.ssl_origin)]
+        for what, origin in checks:
+            run = self.run_origin["stock" if what == "stock" else "h0"]
+            try:
+                check_one_stock({f"this run's {what}": run, **{m: origin[m] for m in members}}, what)
+            except ValueError as exc:
+                foreign = [m for m in members if origin[m] != run]
+                files = [f for m in foreign for f in ((f"ssl_{m}.pt", f"{m}.pt") if m in self.ssl else (f"{m}.pt",))]
+                raise IcmlError(f"{variant} is not a soup of one stock: {exc}",
+                                f"retrain them in this run: delete {', '.join(files)} in "
+                                f"{self.ctx.checkpoints / 'units'} and run icml soup train --resume "
+                                f"{self.ctx.run.path}") from None
 
     # building blocks -------------------------------------------------------------------------------
     def classifier(self, state: dict):
@@ -525,13 +574,6 @@ class Evaluation:
         if state is not None:
             self.states[variant] = state
 
-    def copy(self, variant: str, source: str, **tags) -> None:
-        """`variant` is exactly `source` (same parameters): its scores, under its own tags."""
-        self.logits[variant] = self.logits[source]
-        self.accuracy[variant] = self.accuracy[source]
-        self.tags[variant] = _tags(**tags)
-        self.states[variant] = self.states[source]
-
     def val_selection(self, state: dict) -> float:
         logits = self.scorer.logits(self.classifier(state), full=False,
                                     val_shift=self.cfg.greedy.on == "val_shift")
@@ -555,6 +597,7 @@ class Evaluation:
         """A soup of `members` (variant names) in `order`; scored as `variant`."""
         from icml.methods.soup.soups import soup_state
 
+        self.check_one_stock(variant, members, order)
         weights = weights or [1 / len(members)] * len(members)
         if order == "ft_then_soup":
             state = soup_state([self.ft[m] for m in members], weights)
@@ -592,13 +635,7 @@ class Evaluation:
             advance(1)
             for algo in dict.fromkeys(r.algo for r in self.recipes):
                 members = [n for r, n in zip(self.recipes, self.names) if r.algo == algo]
-                if len(members) == 1:  # a one-ingredient soup is that ingredient, in either order
-                    self.copy(f"soup_{algo}", members[0], order=main, algo=algo, ssl_pool="shift", stage="ft")
-                    self.rows.append({"variant": f"soup_{algo}", "metric": "soup_weight", "value": 1.0,
-                                      "ingredient": members[0], "order": main, "split": "test",
-                                      "stage": "ft" if main == "ft_then_soup" else "ssl"})
-                else:
-                    self.soup(f"soup_{algo}", members, main, algo=algo)
+                self.soup(f"soup_{algo}", members, main, algo=algo)  # one member: a real soup (tested ≡ it)
                 advance(1)
             if self.control_names:
                 self.soup("soup_clean_ssl", self.control_names, main, pool="clean")
@@ -623,6 +660,7 @@ class Evaluation:
     def greedy(self, variant: str, members: list[str], order: str, algo: str = "mix", pool: str | None = "shift"):
         from icml.methods.soup.soups import greedy_soup, soup_state
 
+        self.check_one_stock(variant, members, order)
         if order == "ft_then_soup":
             scores = [self.val_selection(self.ft[m]) for m in members]
             kept, _ = greedy_soup(scores, lambda idx: self.val_selection(
@@ -641,6 +679,7 @@ class Evaluation:
 
         cfg = self.cfg.season
         members = ["stock", *self.names]
+        self.check_one_stock("self_season_soup", members, "soup_then_ft")
         states = [{"encoder." + k: v for k, v in self.ssl_or_stock(m).items()} for m in members]
         weights, _ = season_weights(FeatureNet(copy.deepcopy(self.encoder)), states, self.data.pool, cfg.epochs,
                                     cfg.steps_per_epoch, cfg.batch_size, cfg.top_k, cfg.temperature, cfg.lr,

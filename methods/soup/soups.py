@@ -29,6 +29,36 @@ def soup_state(states: list[dict], weights: list[float] | None = None) -> dict:
     return out
 
 
+def fingerprint(state: dict) -> str:
+    """A short hash of every floating-point entry (names, shapes, dtypes, bytes): the identity of a stock θ₀
+    (or of a probe h0), recorded with every unit so that soups of different stocks can be refused."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for key in sorted(state):
+        value = state[key]
+        if torch.is_floating_point(value):
+            value = value.detach().cpu().contiguous()
+            digest.update(f"{key}|{tuple(value.shape)}|{value.dtype}|".encode())
+            digest.update(value.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_one_stock(origins: dict[str, str | None], what: str = "stock") -> None:
+    """Refuse a soup whose members (name → the fingerprint of the θ₀ they started from) do not all share
+    one stock: averaging the weights of different stocks is meaningless (no shared basin)."""
+    unknown = [name for name, origin in origins.items() if origin is None]
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} carry no {what} fingerprint (saved by an older icml), so "
+                         f"they cannot be checked to share one {what}")
+    groups: dict[str, list[str]] = {}
+    for name, origin in origins.items():
+        groups.setdefault(origin, []).append(name)
+    if len(groups) > 1:
+        parts = [f"{', '.join(names)} (from {what} {origin})" for origin, names in groups.items()]
+        raise ValueError(f"the members come from different {what}s: {' vs '.join(parts)}")
+
+
 def with_state(module: nn.Module, state: dict) -> nn.Module:
     model = copy.deepcopy(module)
     model.load_state_dict(state)
@@ -179,14 +209,14 @@ def season_weights(module: nn.Module, states: list[dict], pool: torch.Tensor, ep
     torch.func.functional_call of `module` (images → features) with the souped parameters, to minimise the neighbour
     entropy on unlabelled `pool`; returns the weights of the lowest-loss epoch and the epoch losses."""
     from torch.func import functional_call
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
     keys = [k for k, v in states[0].items() if torch.is_floating_point(v)]
     stacked = {k: torch.stack([s[k] for s in states]).to(device) for k in keys}
     beta = torch.zeros(len(states), device=device, requires_grad=True)
     optimizer = torch.optim.Adam([beta], lr=lr)
     total = epochs * steps_per_epoch
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (final_lr + (lr - final_lr) * 0.5 * (1 + math.cos(math.pi * s / max(1, total)))) / lr)
+    schedule = get_cosine_with_min_lr_schedule_with_warmup(optimizer, 0, total, min_lr=final_lr)
     generator = torch.Generator().manual_seed(seed)
     order = batches(len(pool), min(batch_size, len(pool)), generator)
     module = module.to(device).eval()

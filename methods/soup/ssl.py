@@ -81,9 +81,42 @@ def lejepa_loss(views: torch.Tensor, lam: float, step: int, directions: int = 25
 
 
 # inter-training ----------------------------------------------------------------------------------
+def ssl_loss(recipe: Recipe, model, head, images: torch.Tensor, generator: torch.Generator, step: int,
+             key_encoder=None, moco_symmetric: bool = False, mae_augment: bool = True) -> torch.Tensor:
+    """The recipe's SSL loss on one unlabelled batch. `model` is the stock being cooked (ViTMAE with its
+    decoder for mae), `head` the projector g (None for mae). Every algorithm sees augmented views (the
+    released code's 3aug for all of them; `mae_augment=False` feeds MAE the raw images, the ablation)."""
+    encoder = encoder_of(model)
+    if recipe.algo == "mae":
+        views = ssl_view(images, generator) if mae_augment else images
+        patches = encoder.embeddings.patch_embeddings.num_patches
+        noise = torch.rand(len(views), patches, generator=generator).to(views.device)
+        with mask_ratio(encoder, recipe.hp("mask")):
+            out = model(pixel_values=views, noise=noise)
+        return masked_patch_mse(out.logits, model.patchify(views), out.mask)
+    if recipe.algo == "lejepa":
+        views = [ssl_view(images, generator) for _ in range(int(recipe.hp("views")))]
+        embeddings = head(cls_features(encoder, torch.cat(views))).view(len(views), len(images), -1)
+        return lejepa_loss(embeddings, recipe.hp("lambda"), step)
+    v1, v2 = ssl_view(images, generator), ssl_view(images, generator)
+    if recipe.algo == "mocov3":
+        keys = key_encoder if key_encoder is not None else encoder
+        with torch.no_grad():  # k = sg(z(v₂)): the keys carry no gradient
+            k2 = cls_features(keys, v2)
+            k1 = cls_features(keys, v1) if moco_symmetric else None
+        loss = mocov3_loss(head(cls_features(encoder, v1)), k2, recipe.hp("tau"))
+        if moco_symmetric:
+            loss = loss + mocov3_loss(head(cls_features(encoder, v2)), k1, recipe.hp("tau"))
+        return loss
+    u = head(cls_features(encoder, v1))  # mmcr
+    with torch.no_grad():
+        w = head(cls_features(encoder, v2))
+    return mmcr_loss(u, w, local=bool(recipe.hp("local")))
+
+
 def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int, lr: float,
          weight_decay: float, warmup_frac: float, seed: int, device: str, moco_momentum: float = 0.0,
-         moco_symmetric: bool = False, log_every: int = 10):
+         moco_symmetric: bool = False, mae_augment: bool = True, log_every: int = 10):
     """Start from a copy of the stock θ₀ and minimise the recipe's SSL loss on `pool` (unlabelled).
     Returns (encoder θ_r, [(step, loss)]). MAE reuses (and trains) the stock's decoder; only the
     encoder is kept."""
@@ -101,31 +134,7 @@ def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int,
     curve = []
     for step in range(steps):
         images = pool[next(order)].to(device)
-        if recipe.algo == "mae":
-            patches = encoder.embeddings.patch_embeddings.num_patches
-            noise = torch.rand(len(images), patches, generator=generator).to(device)
-            with mask_ratio(encoder, recipe.hp("mask")):
-                out = model(pixel_values=images, noise=noise)
-            loss = masked_patch_mse(out.logits, model.patchify(images), out.mask)
-        elif recipe.algo == "lejepa":
-            views = [ssl_view(images, generator) for _ in range(int(recipe.hp("views")))]
-            embeddings = head(cls_features(encoder, torch.cat(views))).view(len(views), len(images), -1)
-            loss = lejepa_loss(embeddings, recipe.hp("lambda"), step)
-        else:
-            v1, v2 = ssl_view(images, generator), ssl_view(images, generator)
-            if recipe.algo == "mocov3":
-                keys = key_encoder if key_encoder is not None else encoder
-                with torch.no_grad():
-                    k2 = cls_features(keys, v2)
-                    k1 = cls_features(keys, v1) if moco_symmetric else None
-                loss = mocov3_loss(head(cls_features(encoder, v1)), k2, recipe.hp("tau"))
-                if moco_symmetric:
-                    loss = loss + mocov3_loss(head(cls_features(encoder, v2)), k1, recipe.hp("tau"))
-            else:  # mmcr
-                u = head(cls_features(encoder, v1))
-                with torch.no_grad():
-                    w = head(cls_features(encoder, v2))
-                loss = mmcr_loss(u, w, local=bool(recipe.hp("local")))
+        loss = ssl_loss(recipe, model, head, images, generator, step, key_encoder, moco_symmetric, mae_augment)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -101,19 +101,12 @@ class Classifier(nn.Module):
         return self.head(cls_features(self.encoder, images))
 
 
-def warmup_cosine(step: int, total: int, warmup_frac: float, floor: float = 0.0) -> float:
-    """LR multiplier: linear warm-up over warmup_frac of the steps, then cosine to `floor`."""
-    warmup = max(1, int(round(warmup_frac * total)))
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def adamw(params, lr: float, weight_decay: float, total: int, warmup_frac: float):
+    """AdamW with transformers' linear warm-up over `warmup_frac` of the steps, then cosine to 0."""
+    from transformers import get_cosine_schedule_with_warmup
+
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, total, warmup_frac))
-    return optimizer, schedule
+    return optimizer, get_cosine_schedule_with_warmup(optimizer, int(round(warmup_frac * total)), total)
 
 
 # augmentations ----------------------------------------------------------------------------------
