@@ -202,3 +202,20 @@ def test_bad_data_folder_is_one_line(tmp_path):
     code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--data", folder, "--runs-dir", tmp_path / "runs"))
     lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
     assert code == 1 and len(lines) == 1 and "captions.csv' is missing" in lines[0] and "Traceback" not in err
+
+
+def test_every_declared_claim_reads_two_arms_of_a_real_run(run):
+    """The group report judges CLAIMS on these rows; the tiny run fine-tunes only motive, full and
+    random, so the claims on the no_mask arm's generation have no rows here (and only those)."""
+    from icml.methods.attribute_motion import METHOD
+    from icml.methods.attribute_motion.report import CLAIMS
+    from icml.reports.claims import arm_value
+
+    frame = pd.read_parquet(run / "metrics.parquet")
+    absent = set()
+    for claim in CLAIMS:
+        assert claim.metric in METHOD.metrics, claim.name
+        values = [arm_value(frame, claim, arm) for arm in (claim.a, claim.b)]
+        if not all(np.isfinite(values)):
+            absent.add(claim.name)
+    assert absent == {c.name for c in CLAIMS if c.where.get("split") == "generated" and "no_mask" in (c.a, c.b)}
