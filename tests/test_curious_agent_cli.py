@@ -101,6 +101,33 @@ def test_model_option_trains_and_evaluates_a_local_hf_vlm(icml, tmp_path):
     assert state["glance"]["projector.net.0.weight"].shape == (96, 48)  # g_psi sized to the LM's width
     bad = tmp_path / "not_a_vlm"
     bad.mkdir()
-    (bad / "config.json").write_text('{"model_type": "gpt2"}')
+    (bad / "config.json").write_text('{"model_type": "gpt2"}')  # an architecture --model does not take
+    result = icml("curious-agent", "train", *TINY[:-4], "--set", "arms=glance", "--model", str(bad))
+    assert result.code == 2 and "Traceback" not in result.err, result.err
+    assert "model_type 'gpt2'" in result.err and "supported model types: llava, qwen2_5_vl" in result.err
+    (bad / "config.json").write_text('{"model_type": "qwen2_5_vl"}')  # a supported type without weights
     result = icml("curious-agent", "train", *TINY[:-4], "--set", "arms=glance", "--model", str(bad))
     assert result.code == 2 and "cannot be loaded" in result.err and "Traceback" not in result.err, result.err
+
+
+def test_model_option_runs_a_local_qwen2_5_vl_through_train_eval_report(icml, tmp_path):
+    """--model DIR (a Qwen2.5-VL written by save_pretrained): the same agent loop on its vision tower and
+    LM; train, eval and report produce the metrics; the checkpoint holds the tower, its EMA copy and g_ψ."""
+    from test_curious_agent_math import tiny_qwen
+
+    tiny_qwen(tmp_path / "qwen")
+    run = train_and_eval(icml, "curious-agent", *TINY[:-4], "--set", "arms=glance", "--model", str(tmp_path / "qwen"))
+    frame = pq.read_table(run / "metrics.parquet").to_pandas()
+    assert {"explore_loss", "intrinsic_reward_norm", "projector_reset", "pred_slot_acc", "coverage",
+            "steps_to_first_success"} <= set(frame.loc[frame["phase"] == "train", "metric"])
+    assert {"success_rate", "mean_return", "pred_slot_acc", "probe_ri_decay"} <= set(frame.loc[frame["phase"] == "eval", "metric"])
+    assert np.isfinite(frame["value"]).all()
+    import torch
+
+    state = torch.load(run / "checkpoints" / "glance" / "seed0" / "agent.pt", weights_only=True)
+    assert state["glance"]["projector.net.0.weight"].shape == (96, 48)  # g_psi sized to the LM's width
+    assert any(k.startswith("target.tower.merger.") for k in state["glance"])  # φ: the EMA of the visual tower
+    assert any(k.startswith("lm.text.layers.") for k in state["model"])
+    result = icml("curious-agent", "report", str(run), "--format", "markdown", "--out", str(tmp_path / "r.md"))
+    assert result.code == 0, result.err
+    assert "Greedy evaluation" in (tmp_path / "r.md").read_text()

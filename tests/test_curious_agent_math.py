@@ -346,3 +346,83 @@ def test_local_hf_vlm_checkpoint_runs_the_same_agent_and_glance_identities(tmp_p
     for name, phi in snapshot(glance.head.target).items():
         expected = alpha * target[name] + (1 - alpha) * online[name]
         torch.testing.assert_close(phi, expected, atol=2 * EPS32 * max(expected.abs().max().item(), 1.0), rtol=0)
+
+
+def tiny_qwen(directory):
+    """A randomly initialised Qwen2.5-VL (2-block vision tower with window + full attention and the 2x2
+    merger, 2-layer LM with multimodal RoPE) and its image processor, written with save_pretrained."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+    torch.manual_seed(0)
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=128,
+                         bos_token_id=None, eos_token_id=None,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=48,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=28,
+                           fullatt_block_indexes=[1]),
+        image_token_id=120, video_token_id=121, vision_start_token_id=122)
+    vlm = Qwen2_5_VLForConditionalGeneration(config)
+    vlm.save_pretrained(directory)
+    Qwen2VLImageProcessorPil().save_pretrained(directory)  # smart resize: 28x28 frames -> 56x56, 2x2 merged patches
+    return vlm
+
+
+def test_qwen2_5_vl_checkpoint_runs_the_same_agent_and_glance_identities(tmp_path):
+    """--model DIR with a Qwen2.5-VL: f_v = its `visual` tower (patches + image_grid_thw, merger), Λ_ℓ = its
+    LM with multimodal RoPE. The agent's teacher-forced pass equals the VLM's own forward on the same frame
+    and turn; cached decoding equals it; the curiosity step leaves Λ_ℓ bit-identical; φ is frozen and exact."""
+    from icml.methods.curious_agent.model import QwenLanguageModel, QwenVision
+    from icml.methods.curious_agent.ppo import new_agent
+
+    saved = tiny_qwen(tmp_path)
+    cfg = tiny_cfg()
+    cfg.model.path = str(tmp_path)
+    agent = new_agent(cfg)
+    assert isinstance(agent.vision, QwenVision) and isinstance(agent.lm, QwenLanguageModel)
+    assert agent.embed.embedding_dim == 48  # the LM's width
+    for name, value in saved.model.language_model.state_dict().items():
+        assert torch.equal(agent.lm.text.state_dict()[name], value), name  # the checkpoint's weights
+    for name, value in saved.model.visual.state_dict().items():
+        assert torch.equal(agent.vision.tower.state_dict()[name], value), name
+    frames, next_frames, tokens = turn_batch(agent, n=3)
+
+    # the reference: Qwen2_5_VLModel.forward on image placeholders + text ids, with its own get_rope_index
+    n_vis, text_ids = 4, torch.randint(0, 100, (3, 19), generator=torch.Generator().manual_seed(2))
+    inputs = agent.vision.processor(images=list(frames), do_rescale=False, return_tensors="pt")
+    ids = torch.cat([torch.full((3, n_vis), saved.config.image_token_id), text_ids], 1)
+    kinds = torch.cat([torch.ones(3, n_vis, dtype=torch.int), torch.zeros(3, 19, dtype=torch.int)], 1)
+    positions, _ = saved.model.get_rope_index(ids, kinds, inputs["image_grid_thw"])
+    assert torch.equal(agent.lm.positions(0, ids.shape[1], 3), positions)  # integers: exact
+    with torch.no_grad():
+        reference = saved.model(input_ids=ids, pixel_values=inputs["pixel_values"], mm_token_type_ids=kinds,
+                                image_grid_thw=inputs["image_grid_thw"]).last_hidden_state
+        embeds = torch.cat([agent.vision(frames), saved.model.language_model.embed_tokens(text_ids)], 1)
+        ours = agent.lm(inputs_embeds=embeds).last_hidden_state
+    torch.testing.assert_close(ours, reference, atol=64 * EPS32, rtol=64 * EPS32)  # same ops, same weights
+
+    tokens, _, values, hidden = agent.generate(frames, generator=torch.Generator().manual_seed(0))
+    logits, full_values, full_hidden = agent.forward_turn(frames, tokens)
+    tol = 64 * EPS32  # the cache sums attention in another order than the full pass
+    torch.testing.assert_close(hidden, full_hidden, atol=tol * 10, rtol=tol)
+    torch.testing.assert_close(values, full_values, atol=tol * 10, rtol=tol)
+
+    glance = Glance(agent, arm_spec("glance", cfg), cfg, 0)
+    head = glance.head
+    assert head.projector.net[0].in_features == 48 and head.target_feature(next_frames).shape == (3, 48)
+    assert not any(p.requires_grad for p in head.target.parameters())  # φ is frozen
+    assert all(torch.equal(v, agent.vision.state_dict()[k]) for k, v in head.target.state_dict().items())  # φ0 = v0
+    loss = glance.loss(agent.forward_turn(frames, tokens)[2], next_frames)
+    cosine = F.cosine_similarity(head.projector(full_hidden[:, CLOSE_PRED]), head.target_feature(next_frames), dim=-1)
+    torch.testing.assert_close(loss, 2 - 2 * cosine, atol=8 * EPS32, rtol=0)  # ||ŷ/|ŷ| − y/|y|||² = 2 − 2cos
+    language = [p.detach().clone() for p in agent.language_parameters()]
+    vision, target = snapshot(agent.vision), snapshot(head.target)
+    glance.align(loss.mean())
+    assert all(torch.equal(p, q) for p, q in zip(agent.language_parameters(), language))  # Λ_ℓ bit-identical
+    online = snapshot(agent.vision)
+    assert any(not torch.equal(v, vision[k]) for k, v in online.items())  # the tower learned through Λ_ℓ
+    alpha = cfg.glance.ema_alpha
+    for name, phi in snapshot(head.target).items():
+        expected = alpha * target[name] + (1 - alpha) * online[name]
+        torch.testing.assert_close(phi, expected, atol=2 * EPS32 * max(expected.abs().max().item(), 1.0), rtol=0)

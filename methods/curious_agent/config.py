@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 ARMS = ["ppo", "ppo_rnd", "vagen_lite", "glance", "glance_no_reset", "glance_vision_only",
         "glance_no_ema", "glance_lm_grad"]
 IMPLEMENTED_ARMS = list(ARMS)  # every arm of the spec; kept for the check in validate()
+# --model: config.json `model_type` -> how f_v and Λ_ℓ are taken out of the VLM (model.py)
+SUPPORTED_VLMS = {"llava": "LLaVA (vision_tower + multi_modal_projector)",
+                  "qwen2_5_vl": "Qwen2.5-VL (visual tower on patches + image_grid_thw, multimodal RoPE)"}
 ENVS = ["MiniGrid-DoorKey-5x5-v0", "MiniGrid-DoorKey-6x6-v0", "MiniGrid-KeyCorridorS3R1-v0",
         "MiniGrid-FourRooms-v0"]
 
@@ -57,7 +60,7 @@ class WarmupConfig:
 
 @dataclass
 class ModelConfig:
-    path: str | None = None  # --model: a local LLaVA-style HF VLM directory (from_pretrained); None: the tiny agent
+    path: str | None = None  # --model: a local HF VLM directory (SUPPORTED_VLMS; from_pretrained); None: the tiny agent
     d_model: int = 64
     layers: int = 2
     heads: int = 4
@@ -141,11 +144,10 @@ def validate(cfg: CuriousAgentConfig) -> None:
     if not 0 <= cfg.glance.reset_every <= 1:
         raise ValueError(f"glance.reset_every is a fraction of the updates in [0, 1], not {cfg.glance.reset_every}")
     if cfg.model.path is not None:
-        from pathlib import Path
-
-        if not (Path(cfg.model.path) / "config.json").is_file():
-            raise ValueError(f"--model '{cfg.model.path}' is not a Hugging Face checkpoint directory (no config.json); "
-                             "pass a folder written by save_pretrained")
+        side = round(cfg.model.visual_tokens ** 0.5)
+        if vlm_type(cfg.model.path) == "qwen2_5_vl" and side * side != cfg.model.visual_tokens:
+            raise ValueError(f"model.visual_tokens must be a square number for Qwen2.5-VL (a side x side grid of "
+                             f"merged patches), not {cfg.model.visual_tokens}")
     if cfg.coverage.env_id and cfg.coverage.env_id not in ENVS:
         raise ValueError(f"coverage.env_id '{cfg.coverage.env_id}' is not supported; use one of {', '.join(ENVS)}")
     bad = [a for a in cfg.coverage.arms if a not in ARMS]
@@ -162,3 +164,22 @@ def validate(cfg: CuriousAgentConfig) -> None:
             raise ValueError(f"{key} must be positive, not {value}")
     if cfg.model.d_model % cfg.model.heads:
         raise ValueError(f"model.d_model ({cfg.model.d_model}) must be divisible by model.heads ({cfg.model.heads})")
+
+
+def vlm_type(path: str) -> str:
+    """The `model_type` of the checkpoint's config.json, if --model supports it; else one ValueError line."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise ValueError(f"--model '{path}' is not a Hugging Face checkpoint directory (no config.json); "
+                         "pass a folder written by save_pretrained")
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError):
+        raise ValueError(f"--model '{path}': config.json is not a JSON object; pass a folder written by save_pretrained") from None
+    if model_type not in SUPPORTED_VLMS:
+        raise ValueError(f"--model '{path}' has model_type '{model_type}', which is not supported; "
+                         f"supported model types: {', '.join(SUPPORTED_VLMS)}")
+    return model_type

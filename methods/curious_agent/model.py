@@ -65,11 +65,60 @@ class VLMVision(nn.Module):
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:  # [B,3,28,28] in [0,1] -> [B,n,d_lm]
         pixels = self.processor(images=list(frames), do_rescale=False, return_tensors="pt")["pixel_values"]
-        states = self.tower(pixels.to(frames.dtype), output_hidden_states=True).hidden_states
+        pixels = pixels.to(next(self.tower.parameters()).device, frames.dtype)  # the processor works on CPU
+        states = self.tower(pixels, output_hidden_states=True).hidden_states
         layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
         features = torch.cat([states[k][:, 1:] if self.strategy == "default" else states[k] for k in layers], -1)
         tokens = self.projector(features)
         return F.adaptive_avg_pool1d(tokens.transpose(1, 2), self.n_tokens).transpose(1, 2)
+
+
+class QwenVision(nn.Module):
+    """f_v of Qwen2.5-VL: the image processor turns the [0, 1] frames into flattened patches
+    (`pixel_values`, each frame repeated over `temporal_patch_size`) and `image_grid_thw` (after its
+    smart resize: 28x28 frames become 56x56, 4x4 patches of 14); the `visual` tower (window attention,
+    then the merger of 2x2 patches into the LM's width) returns each frame's merged patches in raster
+    order, average-pooled over that 2-D grid to side x side visual tokens (2x2 merged patches for
+    28x28 frames: pooling is then the identity)."""
+
+    def __init__(self, tower: nn.Module, processor, n_tokens: int):
+        super().__init__()
+        self.tower, self.processor = tower, processor
+        self.side = int(round(n_tokens ** 0.5))
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:  # [B,3,H,W] in [0,1] -> [B,side²,d_lm]
+        inputs = self.processor(images=list(frames), do_rescale=False, return_tensors="pt")
+        grid = inputs["image_grid_thw"]  # [B, 3]: (1, h, w) patches per frame, the same for every frame
+        device = next(self.tower.parameters()).device
+        merged = self.tower(inputs["pixel_values"].to(device, frames.dtype), grid_thw=grid.to(device)).pooler_output
+        merge = self.tower.spatial_merge_size
+        h, w = int(grid[0, 1]) // merge, int(grid[0, 2]) // merge
+        tokens = merged.view(len(frames), h, w, -1).permute(0, 3, 1, 2)
+        return F.adaptive_avg_pool2d(tokens, self.side).flatten(2).transpose(1, 2)
+
+
+class QwenLanguageModel(nn.Module):
+    """Λ_ℓ of Qwen2.5-VL on `inputs_embeds` with its multimodal RoPE, placed as `get_rope_index` places
+    an image followed by text: the side x side visual tokens that open every sequence get (t, h, w) =
+    (0, i, j), the turn's tokens after them side, side + 1, ... in all three sections. Positions continue
+    from the KV cache's length, so cached decoding sees the positions of the teacher-forced pass."""
+
+    def __init__(self, text_model: nn.Module, side: int):
+        super().__init__()
+        self.text, self.side = text_model, side
+
+    def positions(self, start: int, length: int, batch: int) -> torch.Tensor:  # -> [3, batch, length]
+        index = torch.arange(start, start + length)
+        visual = index < self.side ** 2
+        text = index - self.side ** 2 + self.side
+        rows = torch.stack([torch.where(visual, 0, text), torch.where(visual, index // self.side, text),
+                            torch.where(visual, index % self.side, text)])
+        return rows[:, None].expand(3, batch, length)
+
+    def forward(self, inputs_embeds: torch.Tensor, cache=None, use_cache: bool | None = None):
+        start = cache.get_seq_length() if cache is not None else 0
+        position_ids = self.positions(start, inputs_embeds.shape[1], inputs_embeds.shape[0]).to(inputs_embeds.device)
+        return self.text(inputs_embeds=inputs_embeds, position_ids=position_ids, cache=cache, use_cache=use_cache)
 
 
 class Projector(nn.Module):
@@ -89,8 +138,8 @@ class Projector(nn.Module):
         for layer in self.net:
             if isinstance(layer, nn.Linear):
                 bound = 1.0 / layer.in_features ** 0.5
-                layer.weight.uniform_(-bound, bound, generator=self.generator)
-                layer.bias.uniform_(-bound, bound, generator=self.generator)
+                for weight in (layer.weight, layer.bias):  # drawn on the CPU generator, copied to the device
+                    weight.copy_(torch.empty(weight.shape).uniform_(-bound, bound, generator=self.generator))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.net(h)
@@ -130,14 +179,21 @@ class CoTAgent(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str, visual_tokens: int = 4, n_actions: int = 5) -> "CoTAgent":
-        """The agent on a local LLaVA-style HF VLM: `AutoModelForImageTextToText.from_pretrained(path,
-        local_files_only=True)`; f_v = its vision tower + multimodal projector (`VLMVision`), Λ_ℓ = its
-        language model on `inputs_embeds`. The turn vocabulary keeps its own embedding and output rows
-        (new tokens of the LM's width); the VLM's own token embeddings and LM head are not used."""
+        """The agent on a local HF VLM: `AutoModelForImageTextToText.from_pretrained(path,
+        local_files_only=True)` and its `AutoImageProcessor`; by config.json's `model_type`, f_v = the
+        LLaVA vision tower + multimodal projector (`VLMVision`) or the Qwen2.5-VL `visual` tower with its
+        merger (`QwenVision`), Λ_ℓ = its language model on `inputs_embeds` (for Qwen2.5-VL with its
+        multimodal RoPE, `QwenLanguageModel`). The turn vocabulary keeps its own embedding and output
+        rows (new tokens of the LM's width); the VLM's own token embeddings and LM head are not used."""
         from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
         from icml.cli.errors import UsageError
+        from icml.methods.curious_agent.config import vlm_type
 
+        try:
+            model_type = vlm_type(path)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None  # validate() says the same before a run starts
         try:
             vlm = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=torch.float32)
             processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
@@ -146,13 +202,20 @@ class CoTAgent(nn.Module):
                              f"processor ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})",
                              "pass a folder written by a VLM's and its image processor's save_pretrained") from None
         base = vlm.model
-        if not (hasattr(base, "vision_tower") and hasattr(base, "multi_modal_projector")):
-            raise UsageError(f"--model '{path}' ({type(vlm).__name__}) has no vision_tower + multi_modal_projector",
-                             "use a LLaVA-style VLM (e.g. LlavaForConditionalGeneration)")
         lm = base.language_model
+        if model_type == "qwen2_5_vl":
+            vision = QwenVision(base.visual, processor, visual_tokens)
+            return cls(lm.config.hidden_size, visual_tokens=visual_tokens, n_actions=n_actions, vision=vision,
+                       lm=QwenLanguageModel(lm, vision.side))
         return cls(lm.config.hidden_size, visual_tokens=visual_tokens, n_actions=n_actions,
                    vision=VLMVision(base.vision_tower, base.multi_modal_projector, vlm.config, processor, visual_tokens),
                    lm=lm)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the agent's weights are (the CPU for the tiny agent; `--device` for a `--model` VLM).
+        Its methods take and return CPU tensors: the environments, sampling and PPO's losses stay on the CPU."""
+        return self.masks.device
 
     def language_parameters(self) -> list[nn.Parameter]:
         return [*self.embed.parameters(), *self.lm.parameters(), *self.lm_head.parameters()]
@@ -160,11 +223,11 @@ class CoTAgent(nn.Module):
     def forward_turn(self, frames: torch.Tensor, tokens: torch.Tensor):
         """Teacher-forced pass over whole turns: frames [B,3,H,W], tokens [B,len(TEMPLATE)] ->
         logits [B,13,V] (masked) of the sampled positions, values [B,13], hidden [B,len(TEMPLATE),d]."""
-        embeds = torch.cat([self.vision(frames), self.embed(tokens)], 1)
+        embeds = torch.cat([self.vision(frames), self.embed(tokens.to(self.device))], 1)
         hidden = self.lm(inputs_embeds=embeds).last_hidden_state
         before = hidden[:, [self.n_visual + p - 1 for p in SAMPLED]]  # the state that chooses token p
         logits = self.lm_head(before) + self.masks[SAMPLED]
-        return logits, self.value(before).squeeze(-1), hidden[:, self.n_visual:]
+        return logits.cpu(), self.value(before).squeeze(-1).cpu(), hidden[:, self.n_visual:].cpu()
 
     @torch.no_grad()
     def generate(self, frames: torch.Tensor, greedy: bool = False, generator: torch.Generator | None = None):
@@ -177,21 +240,21 @@ class CoTAgent(nn.Module):
         for p, t in enumerate(TEMPLATE):
             if isinstance(t, str):  # forced structural token: queue it, no forward pass
                 tokens[:, p] = TOKEN[t]
-                pending = torch.cat([pending, self.embed(tokens[:, p:p + 1])], 1)
+                pending = torch.cat([pending, self.embed(tokens[:, p:p + 1].to(self.device))], 1)
                 continue
             out = self.lm(inputs_embeds=pending, cache=past, use_cache=True)
             past = out.cache
             chunks.append(out.last_hidden_state)
             last = out.last_hidden_state[:, -1]
-            logits = self.lm_head(last) + self.masks[p]
+            logits = (self.lm_head(last) + self.masks[p]).cpu()  # sampled on the CPU generator
             dist = torch.distributions.Categorical(logits=logits)
             choice = logits.argmax(-1) if greedy else torch.multinomial(dist.probs, 1, generator=generator)[:, 0]
             tokens[:, p] = choice
             logprobs.append(dist.log_prob(choice))
-            values.append(self.value(last).squeeze(-1))
-            pending = self.embed(choice[:, None])
+            values.append(self.value(last).squeeze(-1).cpu())
+            pending = self.embed(choice[:, None].to(self.device))
         chunks.append(self.lm(inputs_embeds=pending, cache=past, use_cache=True).last_hidden_state)
-        hidden = torch.cat(chunks, 1)[:, self.n_visual:]
+        hidden = torch.cat(chunks, 1)[:, self.n_visual:].cpu()
         return tokens, torch.stack(logprobs, 1), torch.stack(values, 1), hidden
 
 
@@ -202,7 +265,7 @@ class GlanceHead(nn.Module):
         super().__init__()
         d = agent.embed.embedding_dim
         self.generator = torch.Generator().manual_seed(10_007 + seed)
-        self.projector = Projector(d, self.generator, d_in)
+        self.projector = Projector(d, self.generator, d_in).to(agent.device)
         self.target = copy.deepcopy(agent.vision)  # φ starts at v; deepcopy draws no random numbers
         self.target.requires_grad_(False)
 
@@ -214,4 +277,4 @@ class GlanceHead(nn.Module):
 
     @torch.no_grad()
     def target_feature(self, next_frames: torch.Tensor) -> torch.Tensor:
-        return self.target(next_frames).mean(1)  # y: mean of the target's visual tokens
+        return self.target(next_frames).mean(1)  # y: mean of the target's visual tokens (on the agent's device)

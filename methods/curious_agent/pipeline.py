@@ -33,28 +33,29 @@ def checkpoint(ctx: RunContext, experiment: str, arm: str, seed: int):
     return folder / "agent.pt"
 
 
-def warmup_job(cfg, seed: int):
+# `device` (the run's --device) places a --model VLM agent; the tiny agent always runs on the CPU
+def warmup_job(cfg, seed: int, device: str = "cpu"):
     from icml.cli.threads import single_thread
     from icml.methods.curious_agent.ppo import warmup
 
     with single_thread():
-        return warmup(cfg, seed)
+        return warmup(cfg, seed, device)
 
 
-def train_job(cfg, arm: str, seed: int, warm: dict | None):
+def train_job(cfg, arm: str, seed: int, warm: dict | None, device: str = "cpu"):
     from icml.cli.threads import single_thread
     from icml.methods.curious_agent.ppo import train_arm
 
     with single_thread():
-        return train_arm(cfg, arm, seed, warm)
+        return train_arm(cfg, arm, seed, warm, device=device)
 
 
-def eval_job(cfg, arm: str, seed: int, state: dict):
+def eval_job(cfg, arm: str, seed: int, state: dict, device: str = "cpu"):
     from icml.cli.threads import single_thread
     from icml.methods.curious_agent.ppo import evaluate_arm
 
     with single_thread():
-        return evaluate_arm(cfg, arm, seed, state)
+        return evaluate_arm(cfg, arm, seed, state, device)
 
 
 def train(ctx: RunContext) -> None:
@@ -75,8 +76,9 @@ def train(ctx: RunContext) -> None:
             warm[key] = state  # all LM arms of an (environment, seed) start from these weights
             advance(1)
 
-        run_in_workers(cfg.workers, [(key, warmup_job, (subs[key[0]], key[1])) for key in needed], warmed)
-    jobs = [((name, arm, seed), train_job, (sub, arm, seed, warm.get((name, seed)))) for name, sub, arm, seed in pending]
+        run_in_workers(cfg.workers, [(key, warmup_job, (subs[key[0]], key[1], ctx.device)) for key in needed], warmed)
+    jobs = [((name, arm, seed), train_job, (sub, arm, seed, warm.get((name, seed)), ctx.device))
+            for name, sub, arm, seed in pending]
     visits = []
     with ctx.progress(f"train ({len(jobs)} arm x seed jobs, {cfg.workers} workers)", len(jobs)) as advance:
         def done(key, result):
@@ -119,7 +121,7 @@ def evaluate(ctx: RunContext) -> None:
             except Exception as exc:  # a truncated or foreign file
                 raise IcmlError(f"checkpoint {path} cannot be read ({type(exc).__name__})",
                                 f"delete it and re-train: icml curious-agent train --resume {ctx.run.path}") from None
-            jobs.append(((arm, seed), eval_job, (cfg, arm, seed, state)))
+            jobs.append(((arm, seed), eval_job, (cfg, arm, seed, state, ctx.device)))
     with ctx.progress(f"greedy evaluation ({len(jobs)} arm x seed jobs)", len(jobs)) as advance:
         def done(key, rows):
             ctx.record(rows, split="eval")

@@ -100,11 +100,12 @@ def n_actions(cfg) -> int:
     return 5 if cfg.env.actions == "minimal" else 7
 
 
-def new_agent(cfg) -> CoTAgent:
-    """The tiny agent, or with `--model` the same agent on a local HF VLM's vision tower and LM."""
+def new_agent(cfg, device: str = "cpu") -> CoTAgent:
+    """The tiny agent (always on the CPU: CPU-scale), or with `--model` the same agent on a local HF
+    VLM's vision tower and LM, on `device`."""
     m = cfg.model
     if m.path is not None:
-        return CoTAgent.from_pretrained(m.path, m.visual_tokens, n_actions(cfg))
+        return CoTAgent.from_pretrained(m.path, m.visual_tokens, n_actions(cfg)).to(device)
     return CoTAgent(m.d_model, m.layers, m.heads, m.visual_tokens, n_actions(cfg))
 
 
@@ -171,11 +172,16 @@ def teacher_tokens(slots_t: torch.Tensor, slots_next: torch.Tensor, actions: tor
     return tokens
 
 
-def warmup(cfg, seed: int) -> dict:
+def cpu_state(module: nn.Module) -> dict:
+    """The state dict on the CPU (checkpoints load anywhere); the tiny agent's tensors are returned as they are."""
+    return {k: v.cpu() for k, v in module.state_dict().items()}
+
+
+def warmup(cfg, seed: int, device: str = "cpu") -> dict:
     """Perception warm-up: teacher-forced CE on random-walk transitions; returns the agent's weights."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    agent = new_agent(cfg)
+    agent = new_agent(cfg, device)
     envs = GridEnvs(cfg.env.id, cfg.ppo.n_envs, 1_000_000 + seed * 1000, cfg.env.actions, cfg.env.tile_size,
                     cfg.env.max_steps)
     frames, slots, nexts, actions = [], [], [], []
@@ -195,7 +201,7 @@ def warmup(cfg, seed: int) -> dict:
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
-    return agent.state_dict()
+    return cpu_state(agent)
 
 
 # ---- the GLANCE learner -------------------------------------------------------------------------
@@ -222,11 +228,13 @@ class Glance:
              actions: torch.Tensor | None = None) -> torch.Tensor:
         """Per-turn L_explore from the hidden states [B, 19, d] of the turns; the vision-only
         ablation (BYOL-Explore style) queries with pooled f_v(o_t) ⊕ one-hot(a_t) instead."""
+        device = self.agent.device  # hidden comes on the CPU; g_ψ and φ live with the agent
         if self.spec.vision_only:
-            query = torch.cat([self.agent.vision(frames).mean(1), F.one_hot(actions, self.n_actions).float()], -1)
+            query = torch.cat([self.agent.vision(frames).mean(1),
+                               F.one_hot(actions, self.n_actions).float().to(device)], -1)
         else:
-            query = hidden[:, self.position]
-        return explore_loss(self.head.projector(query), self.head.target_feature(next_frames))
+            query = hidden[:, self.position].to(device)
+        return explore_loss(self.head.projector(query), self.head.target_feature(next_frames)).cpu()
 
     def gradients(self, loss: torch.Tensor) -> tuple:
         """∂L_explore w.r.t. f_v and g_ψ only (Λ_ℓ too for `glance_lm_grad`): L back-propagates
@@ -258,15 +266,16 @@ def _tag(cfg, spec: ArmSpec) -> dict:
             "reset_every": spec.reset_every, "ema_alpha": spec.ema_alpha}
 
 
-def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
-    """Train one (arm, seed); -> (metric rows of the train split, final state dict)."""
+def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None, device: str = "cpu"):
+    """Train one (arm, seed); -> (metric rows of the train split, final state dict). `device` places a
+    `--model` VLM agent; the tiny agent and the pixel baselines stay on the CPU."""
     spec = arm_spec(arm, cfg)
     torch.manual_seed(seed)
     rng = torch.Generator().manual_seed(seed)
     p = cfg.ppo
     envs = GridEnvs(cfg.env.id, p.n_envs, seed * 100_000, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
     if spec.cot:
-        model = new_agent(cfg)
+        model = new_agent(cfg, device)
         if warm_state is not None:
             model.load_state_dict(warm_state)
         glance = Glance(model, spec, cfg, seed)
@@ -425,9 +434,9 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None):
         final["ri_novel_over_revisit"] = float(np.mean(ri_novel) / max(np.mean(ri_revisit), 1e-12))
     rows += [{"metric": k, "value": float(v), "variant": arm, "step": steps, "seed": seed,
               "experiment": "final", **tags} for k, v in final.items()]
-    state = {"model": model.state_dict()}
+    state = {"model": cpu_state(model)}
     if glance is not None:
-        state["glance"] = glance.head.state_dict()
+        state["glance"] = cpu_state(glance.head)
     return rows, state, envs.visits
 
 
@@ -469,10 +478,10 @@ def revisit_probe(cfg, spec: ArmSpec, model: CoTAgent, state: dict, seed: int, r
             "probe_fresh_ri_decay": fresh_ri() / max(fresh_before, 1e-12)}
 
 
-def evaluate_arm(cfg, arm: str, seed: int, state: dict) -> list[dict]:
+def evaluate_arm(cfg, arm: str, seed: int, state: dict, device: str = "cpu") -> list[dict]:
     """Greedy evaluation on env seeds disjoint from training: success, return, slot accuracy."""
     spec = arm_spec(arm, cfg)
-    model = new_agent(cfg) if spec.cot else PixelActorCritic(cfg.model.d_model, n_actions(cfg))
+    model = new_agent(cfg, device) if spec.cot else PixelActorCritic(cfg.model.d_model, n_actions(cfg))
     model.load_state_dict(state["model"])
     n = min(cfg.eval_episodes, 16)
     envs = GridEnvs(cfg.env.id, n, 10**9 + seed * 10_000, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
