@@ -51,6 +51,11 @@ def test_every_variant_and_metric(tiny_run):
     rollouts = pd.read_parquet(f"{run}/rollouts.parquet")
     assert list(rollouts.columns) == ["run_id", "rollout_id", "policy", "start_mode", "km", "end_reason", "n_tiles"]
     assert len(rollouts) == 10 and (rollouts["n_tiles"] >= 1).all()
+    # every arm reports its stitching: the fallback share of its tiles, and the gap where any lane was stitched
+    stitch = loop[loop["metric"] == "stitch_fallback_rate"]
+    assert len(stitch) == 10 and stitch["value"].between(0, 1).all()
+    gap = loop.loc[loop["metric"] == "stitch_gap_m", "value"]
+    assert len(gap) == 10 and ((gap >= 0) & (gap <= 1.0) | gap.isna()).all()
 
 
 def test_report_json_and_html(tiny_run, tmp_path):
@@ -63,13 +68,18 @@ def test_report_json_and_html(tiny_run, tmp_path):
     html = out.read_text()
     assert "Generators (held-out tiles)" in html and "Closed-loop rollouts" in html
     assert "8-Gaussian toy" in html
-    assert "Rollout trajectories" in html
-    assert html.count("data:image/png;base64,") == 7  # gap vs latency, losses, jerk, toy, rollouts, 2 galleries
+    assert "Rollout trajectories" in html and "stitch_fallback_rate" in html
+    for title in ("Outpainting strip", "Kinematic-cost histograms", "Jerk over time", "Latency vs steps"):
+        assert f"alt='{title}'" in html, title
+    # gap vs latency, latency vs steps, losses, early jerk, jerk over time, cost histograms, toy, rollouts, strip,
+    # 2 galleries
+    assert html.count("data:image/png;base64,") == 11
 
 
 def test_bad_inputs(tmp_path):
     for setting, message in (("stages=[vae,fly]", "unknown stage 'fly'"), ("dit.r_equals_t=2", "dit.r_equals_t must be in"),
-                             ("rollout.km=0", "rollout.km must be > 0"), ("dit.lane_d=50", "divisible")):
+                             ("rollout.km=0", "rollout.km must be > 0"), ("dit.lane_d=50", "divisible"),
+                             ("rollout.stitch_m=0", "rollout.stitch_m must be > 0")):
         result = invoke("drive-world", "train", "--set", setting, "--runs-dir", tmp_path)
         assert result.code == 2 and message in result.err and "Traceback" not in result.err, (setting, result.err)
 
@@ -91,7 +101,8 @@ def test_generate_tiles_and_rollout(tiny_run, tmp_path):
     assert result.code == 0, result.err
     info, trace = result.json(), np.load(out)
     assert info["kin_violation_rate"] == 0 and trace["ego"].shape[1] == 3
-    assert trace["npc_len"].sum() == len(trace["npc"])
+    assert trace["npc_len"].sum() == len(trace["npc"]) and trace["lane_len"].sum() == len(trace["lanes"])
+    assert len(trace["tiles"]) == info["n_tiles"] and 0 <= info["stitch_fallback_rate"] <= 1
     # the ego path runs the reported distance
     assert abs(np.linalg.norm(np.diff(trace["ego"][:, :2], axis=0), axis=1).sum() / 1000 - info["km"]) < 1e-9
     for args, message in ((["--what", "cars"], "--what must be"), (["--variant", "idm"], "not a tile variant"),

@@ -23,6 +23,7 @@ METHOD = Method(
              "npc_token_acc": HIGHER, "npc_ade_m": LOWER, "kin_violation_rate": LOWER, "kin_cost_mean": LOWER,
              "offroad_rate": LOWER, "sim_collision_rate": LOWER, "ttc_violation_rate": LOWER,
              "jerk_first_1s": LOWER, "jerk_mean": LOWER, "rollout_km": HIGHER, "rollout_success_1km": HIGHER,
+             "stitch_gap_m": LOWER, "stitch_fallback_rate": LOWER,
              "loss": LOWER, "wall_s": LOWER},
     extra_verbs=True,
     variants=("meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1", "meanflow_1_nogate", "vae_recon",

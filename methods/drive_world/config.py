@@ -83,7 +83,10 @@ class RolloutConfig:
     n: int = 20
     km: float = 1.0
     agents: int = 12
-    frontier_m: float = 20.0
+    frontier_m: float = 20.0  # outpaint when the route ahead of the ego is shorter than this
+    seed_m: float = 16.0  # [S] the procedural seed scene reaches this far ahead of the ego start
+    stitch_m: float = 1.0  # a generated lane continues the route if it starts within this of the route end
+    stitch_heading_deg: float = 30.0  # [S] … and its start heading is within this of the route-end heading
     max_steps: int = 1500
 
 
@@ -119,6 +122,7 @@ def preset(name: str) -> DriveWorldConfig:
         cfg.sim.d, cfg.sim.layers, cfg.sim.steps, cfg.sim.vocab = 32, 1, 100, 64
         cfg.vae.batch_size, cfg.dit.batch_size, cfg.sim.batch_size = 8, 4, 64  # the 60 s budget
         cfg.rollout.n, cfg.rollout.km, cfg.rollout.agents = 1, 0.2, 4
+        cfg.rollout.max_steps = 300  # 0.2 km needs ≈ 200 steps: an ego stuck behind a stopped NPC ends there
         cfg.eval_samples, cfg.latency_repeats = 8, 2
         cfg.toy.steps, cfg.toy.samples = 100, 256
     elif name == "default":  # calibrated to < 15 min of CPU on 2 cores (README: Default preset; cuts vs the spec)
@@ -164,6 +168,12 @@ def validate(cfg: DriveWorldConfig) -> None:
         raise ValueError(f"sim.dkal_cost_cap must be > 0 (got {cfg.sim.dkal_cost_cap}); use inf for uncapped costs")
     if cfg.rollout.km <= 0:
         raise ValueError(f"rollout.km must be > 0 (got {cfg.rollout.km})")
+    if cfg.rollout.stitch_m <= 0 or not 0 < cfg.rollout.stitch_heading_deg <= 180:
+        raise ValueError(f"rollout.stitch_m must be > 0 and rollout.stitch_heading_deg in (0, 180] (got "
+                         f"{cfg.rollout.stitch_m}, {cfg.rollout.stitch_heading_deg})")
+    if not 0 < cfg.rollout.seed_m <= cfg.data.tile_m / 2 or cfg.rollout.frontier_m <= 0:
+        raise ValueError(f"rollout.seed_m must be in (0, data.tile_m/2] and rollout.frontier_m > 0 (got "
+                         f"{cfg.rollout.seed_m}, {cfg.rollout.frontier_m})")
     for name, d in (("vae.d", cfg.vae.d), ("dit.lane_d", cfg.dit.lane_d), ("dit.agent_d", cfg.dit.agent_d)):
         heads = cfg.vae.heads if name == "vae.d" else cfg.dit.heads
         if d % heads:

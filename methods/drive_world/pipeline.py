@@ -220,6 +220,15 @@ class Models:
                                  steps, solver, d.guidance, d.clamp, fixed=fixed, generator=generator)
         return self.decode(zl, za, cond)
 
+    def outpaint(self, context: dict, generator=None) -> dict:
+        """One deployment step (meanflow_1) on a context tile: its fixed nodes are encoded (posterior means),
+        imposed at initialisation and after the step; the decoded tile keeps the context's fixed masks."""
+        b = {k: np.asarray(v)[None] for k, v in context.items()}
+        ml, ma = _latents(self.vae, b, self.half)
+        fixed = (ml / self.scale_l, ma / self.scale_a, torch.as_tensor(b["fixed_lanes"]), torch.as_tensor(b["fixed_agents"]))
+        tile = self.generate("meanflow_1", _cond(b, [0]), generator, fixed)[0]
+        return dict(tile, fixed_lanes=context["fixed_lanes"], fixed_agents=context["fixed_agents"])
+
 
 def _cond(tiles, idx) -> dict:
     return dict(lane_mask=torch.as_tensor(tiles["lane_mask"][idx]), agent_mask=torch.as_tensor(tiles["agent_mask"][idx]),
@@ -319,17 +328,21 @@ def _open_loop(ctx, models) -> None:
     ctx.record(rows)
 
 
+KIN_BINS = np.linspace(-6, 4, 41)  # log10 C of the kinematic-cost histograms (C ≤ 1e-12 counted apart as 0)
+JERK_AGES = 30  # jerk over the first 3 s after spawn, per step
+
+
 def _closed_loop(ctx, models) -> None:
     cfg = ctx.config
     _, held = _data(ctx)
-    rows, table = [], []
+    rows, table, hists, jerks = [], [], {"edges": KIN_BINS}, {}
     for policy_name in POLICIES:
         for mode in ("warm", "cold"):
             results = []
             for i in range(cfg.rollout.n):
-                spawn = _spawner(models, held, seed=1000 * ctx.seed + i)
+                outpaint = outpainter(models, held, cfg.data, seed=1000 * ctx.seed + i)
                 res = rollout.run_rollout(10_000 * ctx.seed + i, policy_name, models.policies.get(policy_name),
-                                          models.vocab, mode, cfg, spawn)
+                                          models.vocab, mode, cfg, outpaint)
                 results.append(res)
                 if i == 0 and policy_name in ("deltasim_discrete", "deltasim_proj") and mode == "warm":
                     save_trace(ctx.checkpoints / f"trace_{policy_name}.npz", res)
@@ -337,39 +350,49 @@ def _closed_loop(ctx, models) -> None:
                                   km=res["km"], end_reason=res["end_reason"], n_tiles=res["n_tiles"]))
             tags = dict(variant=policy_name, policy=policy_name, start_mode=mode)
             for key in ("kin_violation_rate", "kin_cost_mean", "offroad_rate", "sim_collision_rate",
-                        "ttc_violation_rate", "jerk_first_1s", "jerk_mean"):
+                        "ttc_violation_rate", "jerk_first_1s", "jerk_mean", "stitch_fallback_rate"):
                 rows.append(dict(metric=key, value=float(np.nanmean([r[key] for r in results])), **tags))
+            gaps = np.concatenate([r["gaps"] for r in results])  # over every stitched joint of the arm
+            rows.append(dict(metric="stitch_gap_m", value=float(gaps.mean()) if len(gaps) else float("nan"), **tags))
             rows.append(dict(metric="rollout_km", value=float(np.mean([r["km"] for r in results])), **tags))
             rows.append(dict(metric="rollout_success_1km",
                              value=float(np.mean([r["end_reason"] == "distance" for r in results])), **tags))
+            cost = np.concatenate([r["kin_costs"] for r in results])
+            hists[f"{policy_name}__{mode}"] = np.histogram(np.log10(np.clip(cost[cost > 1e-12], 10 ** KIN_BINS[0],
+                                                                            10 ** KIN_BINS[-1])), KIN_BINS)[0]
+            hists[f"{policy_name}__{mode}__zero"] = np.array([(cost <= 1e-12).sum()])
+            ages = np.concatenate([r["jerk_age"] for r in results])
+            jerks[f"{policy_name}__{mode}"] = np.array([ages[ages[:, 0] == k, 1].mean() if (ages[:, 0] == k).any()
+                                                        else np.nan for k in range(JERK_AGES)])
     ctx.record(rows)
     ctx.write_table("rollouts", pd.DataFrame(table))
+    np.savez_compressed(ctx.checkpoints / "kin_cost_hist.npz", **hists)
+    np.savez_compressed(ctx.checkpoints / "jerk_by_age.npz", **jerks)
 
 
 def save_trace(path, res) -> None:
-    """One rollout's ego path and NPC paths (concatenated, with their lengths) for plots and `generate`."""
+    """One rollout for plots and `generate`: ego path, NPC paths (concatenated, with their lengths), the stitched
+    map (lane points concatenated, lengths, source index into stitching.SOURCES), the route, the tile origins and
+    the first box [x, y, ψ, length, width] of every spawned agent."""
     paths = res["npc_paths"] or [np.zeros((0, 3))]
     np.savez_compressed(path, ego=res["ego_path"], npc=np.concatenate(paths),
-                        npc_len=np.array([len(p) for p in res["npc_paths"]], np.int64))
+                        npc_len=np.array([len(p) for p in res["npc_paths"]], np.int64),
+                        lanes=np.concatenate(res["lanes"]), lane_len=np.array([len(l) for l in res["lanes"]], np.int64),
+                        lane_source=np.asarray(res["lane_source"], np.int64), route=res["route"], tiles=res["tiles"],
+                        agents=res["spawned_boxes"], gaps=res["gaps"])
 
 
-def _spawner(models, held, seed):
-    """The frontier tile's agents: a one-step MeanFlow tile (counts from a held-out tile), decoded, placed
-    ahead of the ego; each is snapped to the nearest route point of the world (the generated lanes are
-    scored, not stitched: README)."""
+def outpainter(models, held, data_cfg, seed):
+    """The rollout's frontier tiles: the k-th takes its scene label and its new-half counts (lanes with mean
+    x > 0, agents with x > 0) from a held-out tile, and is outpainted by meanflow_1 around the fixed nodes."""
+    from .stitching import context_tile
+
     gen = torch.Generator().manual_seed(seed)
 
-    def spawn(k, ego_pose):
+    def outpaint(k, origin, pieces, rows):  # the model works in the tile frame: the pose is not an input
         j = (seed + k) % len(held["label"])
-        tile = models.generate("meanflow_1", _cond(held, [j]), gen)[0]
-        out = []
-        c, s = np.cos(ego_pose[2]), np.sin(ego_pose[2])
-        for a, code in zip(tile["agents"][tile["agent_mask"]], tile["motion"][tile["agent_mask"]]):
-            x, y = a[0] + models.half, a[1]  # the tile starts at the ego and extends forward
-            if x < 15:  # not on top of the ego
-                continue
-            pose = np.array([ego_pose[0] + c * x - s * y, ego_pose[1] + s * x + c * y, ego_pose[2] + np.arctan2(a[4], a[3])])
-            static = bool(evaluation.is_static(code[None])[0])
-            out.append((pose, float(max(a[2], 0.0)), float(np.clip(a[5], 3.5, 6)), float(np.clip(a[6], 1.6, 2.3)), code, static))
-        return out
-    return spawn
+        lm, am = held["lane_mask"][j], held["agent_mask"][j]
+        n_lanes = int((held["lanes"][j][lm, :, 0].mean(1) > 0).sum())
+        n_agents = int((held["agents"][j][am, 0] > 0).sum())
+        return models.outpaint(context_tile(pieces, rows, n_lanes, n_agents, held["label"][j], data_cfg), gen)
+    return outpaint

@@ -12,7 +12,7 @@ GEN = ["endpoint_gap_m", "route_length_m", "fd_connectivity", "fd_density", "fd_
        "nearest_dist_jsd", "lat_dev_jsd", "ang_dev_jsd", "length_jsd", "width_jsd", "speed_jsd",
        "collision_rate_pct", "static_frac_err", "ms_per_tile"]
 LOOP = ["kin_violation_rate", "kin_cost_mean", "offroad_rate", "sim_collision_rate", "ttc_violation_rate",
-        "jerk_first_1s", "jerk_mean", "rollout_km", "rollout_success_1km"]
+        "jerk_first_1s", "jerk_mean", "rollout_km", "rollout_success_1km", "stitch_gap_m", "stitch_fallback_rate"]
 ORDER = ["meanflow_1", "meanflow_3", "flow_heun24", "flow_euler1", "meanflow_1_nogate", "vae_recon",
          "idm", "deltasim_discrete", "deltasim_no_dkal", "deltasim", "deltasim_proj"]
 
@@ -47,6 +47,14 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         ax.scatter(row.get("ms_per_tile"), row.get("endpoint_gap_m"))
         ax.annotate(variant, (row.get("ms_per_tile"), row.get("endpoint_gap_m")), fontsize=8)
     figures.append(("Endpoint gap vs latency", fig))
+    lat = ev[(ev["metric"] == "ms_per_tile") & (ev["nfe"].fillna(0) > 0)]
+    if not lat.empty:
+        fig, ax = new_axes("Latency vs steps", "network evaluations per tile (nfe)", "ms per tile (batch 1, CPU)",
+                           xlog=True, ylog=True)
+        for _, row in lat.iterrows():
+            ax.scatter(row["nfe"], row["value"])
+            ax.annotate(row["variant"], (row["nfe"], row["value"]), fontsize=8)
+        figures.append(("Latency vs steps", fig))
     tr = frame[(frame["phase"] == "train") & (frame["metric"] == "loss")]
     if not tr.empty:
         fig, ax = new_axes("Training losses", "step", "loss", ylog=True)
@@ -63,8 +71,97 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         ax.tick_params(axis="x", labelrotation=20, labelsize=7)
         figures.append(("Jerk warm vs cold", fig))
     if run is not None:
-        figures += _toy(run) + _traces(run) + _gallery(run)
+        figures += _jerk_over_time(run) + _kin_hist(run) + _toy(run) + _traces(run) + _strip(run, config)
+        figures += _gallery(run)
     return figures
+
+
+def _jerk_over_time(run) -> list:
+    """Mean NPC jerk per step since spawn (all rollouts of an arm), warm (solid) vs cold (dashed)."""
+    path = run.checkpoints / "jerk_by_age.npz"
+    if not path.exists():
+        return []
+    z = np.load(path)
+    fig, ax = new_axes("Jerk over time, warm vs cold", "steps since spawn (10 Hz)", "mean |Δa|/Δt (m/s³)")
+    ax.set_yscale("symlog", linthresh=1.0)  # a step at constant acceleration has jerk exactly 0
+    colours = {}
+    for key in z.files:
+        policy, mode = key.split("__")
+        colour = colours.setdefault(policy, f"C{len(colours)}")
+        ax.plot(np.arange(len(z[key])), z[key], color=colour,
+                ls="-" if mode == "warm" else "--", label=f"{policy} {mode}")
+    ax.legend(fontsize=6, ncol=2)
+    return [("Jerk over time", fig)]
+
+
+def _kin_hist(run) -> list:
+    """Per policy: the executed NPC steps' kinematic cost C (log10, warm and cold); the share with C = 0 (≤ 1e-12)
+    is written in the legend, since a log axis cannot place it."""
+    import matplotlib.pyplot as plt
+
+    path = run.checkpoints / "kin_cost_hist.npz"
+    if not path.exists():
+        return []
+    z = np.load(path)
+    edges = z["edges"]
+    policies = list(dict.fromkeys(k.split("__")[0] for k in z.files if k != "edges"))
+    fig, axes = plt.subplots(1, len(policies), figsize=(2.8 * len(policies), 2.6), sharey=True)
+    for ax, policy in zip(np.atleast_1d(axes), policies):
+        for mode, ls in (("warm", "-"), ("cold", "--")):
+            if f"{policy}__{mode}" not in z.files:
+                continue
+            counts, zero = z[f"{policy}__{mode}"], int(z[f"{policy}__{mode}__zero"][0])
+            total = max(counts.sum() + zero, 1)
+            ax.stairs(counts / total, edges, ls=ls, label=f"{mode}: C=0 {100 * zero / total:.0f}%")
+        ax.set_title(policy, fontsize=8)
+        ax.set_xlabel("log10 C", fontsize=7)
+        ax.legend(fontsize=6)
+    np.atleast_1d(axes)[0].set_ylabel("share of executed steps", fontsize=7)
+    fig.suptitle("Kinematic cost of executed NPC steps per policy", fontsize=9, y=1.04)
+    return [("Kinematic-cost histograms", fig)]
+
+
+def _strip(run, config) -> list:
+    path = run.checkpoints / "trace_deltasim_proj.npz"
+    if not path.exists():
+        return []
+    trace = np.load(path)
+    if "tiles" not in trace.files:
+        return []
+    title = f"Outpainting strip: deltasim_proj rollout 0 (warm), {len(trace['tiles'])} tiles"
+    return [("Outpainting strip", strip_figure(trace, title, config.data.tile_m))]
+
+
+LANE_STYLE = {0: dict(color="0.6", lw=0.8), 1: dict(color="tab:blue", lw=0.7),
+              2: dict(color="tab:orange", lw=2.2, ls="--")}  # stitching.SOURCES: seed, generated, fallback
+
+
+def strip_figure(trace, title: str, tile_m: float = 64.0):
+    """The streaming rollout as one strip: seed / generated / fallback lanes, every outpainted tile's boundary
+    (dotted square around its origin, along the route), spawned agents' first boxes (red), the ego path."""
+    import matplotlib.pyplot as plt
+
+    xy = np.concatenate([trace["route"], trace["ego"][:, :2]])
+    span = np.ptp(xy, axis=0) + tile_m
+    fig, ax = plt.subplots(figsize=(14, float(np.clip(14 * span[1] / max(span[0], 1.0), 2.5, 10))))
+    starts = np.concatenate([[0], np.cumsum(trace["lane_len"])])
+    for a, b, source in zip(starts[:-1], starts[1:], trace["lane_source"]):
+        ax.plot(trace["lanes"][a:b, 0], trace["lanes"][a:b, 1], **LANE_STYLE[int(source)])
+    square = np.array([[-1, -1], [1, -1], [1, 1], [-1, 1], [-1, -1]]) * tile_m / 2
+    for x, y, h in trace["tiles"]:
+        c, s = np.cos(h), np.sin(h)
+        corners = square @ np.array([[c, s], [-s, c]]) + [x, y]
+        ax.plot(corners[:, 0], corners[:, 1], color="0.3", lw=0.4, ls=":")
+    box = np.array([[1, 1], [1, -1], [-1, -1], [-1, 1], [1, 1]]) / 2
+    for x, y, h, length, width in trace["agents"]:
+        c, s = np.cos(h), np.sin(h)
+        corners = (box * [length, width]) @ np.array([[c, s], [-s, c]]) + [x, y]
+        ax.plot(corners[:, 0], corners[:, 1], color="tab:red", lw=0.6)
+    ax.plot(trace["ego"][:, 0], trace["ego"][:, 1], color="k", lw=0.8)
+    ax.set_aspect("equal")
+    ax.set_title(f"{title} (grey seed, blue generated, orange dashed fallback lanes; dotted tile boundaries; "
+                 "red spawned agents; black ego)", fontsize=8)
+    return fig
 
 
 def _traces(run) -> list:

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-from . import deltasim, evaluation
+from . import deltasim, evaluation, stitching
+from .stitching import LaneMap, from_frame
 from .world import DT, World, bicycle, build_world, idm_accel, pure_pursuit, resample, to_frame
 
 N_LANES_FEAT = 4
@@ -100,29 +101,73 @@ def npc_action(policy_name, policy, vocab, feat_list, speeds, others_rel, cfg) -
     return action.numpy()
 
 
-def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: str, cfg, spawn) -> dict:
-    """One streaming rollout. `spawn(tile_index, ego_pose)` → [(pose, speed, length, width, code, static)] are
-    the agents of the tile outpainted at the frontier (warm-started from their decoded motion codes)."""
+def seed_map(world: World, start: np.ndarray, rc, data_cfg) -> tuple[LaneMap, np.ndarray]:
+    """The seed scene: the procedural world's lanes in the tile window around the ego start, up to seed_m
+    ahead of it, and the ego route (lane (1, 0)) clipped the same way; the rest of the road is outpainted."""
+    half = data_cfg.tile_m / 2
+    lanes = LaneMap()
+
+    def clip(poly):
+        local = to_frame(poly[:, :2], start)
+        run = stitching.longest_run((np.abs(local) <= half).all(1) & (local[:, 0] <= rc.seed_m))
+        return None if run is None else poly[run, :2]
+    for lane in world.lanes:
+        piece = clip(lane)
+        if piece is not None:
+            lanes.add(piece, "seed")
+    return lanes, clip(world.routes[(1, 0)]).copy()
+
+
+def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: str, cfg, outpaint) -> dict:
+    """One streaming rollout. Whenever the ego is within frontier_m of the route end, the next tile is outpainted
+    there: `outpaint(tile_index, origin, fixed_lanes, fixed_agents)` gets the tile pose and the context of
+    `stitching.context` (tile frame) and returns the decoded tile (tile frame); the route is stitched onto its
+    lanes (`stitching.stitch`) and its generated agents are snapped to the map and warm- or cold-started from
+    their decoded motion codes."""
     rc = cfg.rollout
     rng = np.random.default_rng([world_seed, 99])
-    world = build_world(rc.km * 1000 + 150, rng, n_agents=0)
-    lanes = LaneIndex(world)
-    line = world.routes[(1, 0)]
-    ego = dict(pose=line[5].copy(), v=8.0, length=4.5, width=1.9)
+    world = build_world(rc.km * 1000 + 150, rng, n_agents=0)  # only its start is used: the seed scene
+    start = world.routes[(1, 0)][5].copy()
+    lanes, route = seed_map(world, start, rc, cfg.data)
+    ego = dict(pose=start, v=8.0, length=4.5, width=1.9, hist=[np.array([*start, 8.0])])
+    ego_i = 0  # the route point nearest the ego (searched forward: a stitched route may come back near itself)
     npcs: list[dict] = []
     ever: list[dict] = []  # every NPC spawned, for the trajectory trace
+    origins, spawned_boxes, gaps, n_fallback = [], [], [], 0
     ego_path = [ego["pose"].copy()]
-    travelled, n_tiles, next_tile = 0.0, 0, 0.0
-    steps = dict(kin=[], off=[], ttc=[], jerk_first=[], jerk=[])
+    travelled, n_tiles = 0.0, 0
+    steps = dict(kin=[], off=[], ttc=[], jerk_first=[], jerk=[], jerk_age=[])
     collided: set[int] = set()
     serial = 0
     end = "max_steps"
     for step in range(rc.max_steps):
-        if travelled >= next_tile:  # the ego is within frontier_m of the tile edge: outpaint the next tile
-            for pose, speed, length, width, code, static in spawn(n_tiles, ego["pose"].copy()):
+        for _ in range(4):  # the ego is within frontier_m of the route end: outpaint the next tile there
+            seg = np.linalg.norm(np.diff(route[ego_i:], axis=0), axis=1)
+            if seg.sum() >= rc.frontier_m:
+                break
+            d = route[-1] - route[-2]
+            origin = np.array([*route[-1], np.arctan2(d[1], d[0])])
+            others = [(n["hist"], n["length"], n["width"]) for n in npcs] + [(ego["hist"], ego["length"], ego["width"])]
+            pieces, rows = stitching.context(lanes, others, origin, cfg.data)
+            tile = outpaint(n_tiles, origin, pieces, rows)
+            st = stitching.stitch(route, tile, origin, rc, cfg.data.tile_m)
+            for poly in st.lanes:
+                lanes.add(poly, "generated")
+            if st.fallback:
+                lanes.add(np.vstack([route[-1:], st.route]), "fallback")
+                n_fallback += 1
+            gaps += st.gaps
+            route = np.vstack([route, st.route])
+            origins.append(origin)
+            n_tiles += 1
+            free = np.flatnonzero(tile["agent_mask"] & ~tile["fixed_agents"])
+            for a, code in zip(tile["agents"][free], tile["motion"][free]):
                 if len(npcs) >= rc.agents:
                     break
-                pose = _snap(pose, world)
+                pose = np.array([*from_frame(a[:2], origin), origin[2] + np.arctan2(a[4], a[3])])
+                pose = lanes.snap(pose)
+                speed, static = float(max(a[2], 0.0)), bool(evaluation.is_static(code[None])[0])
+                length, width = float(np.clip(a[5], 3.5, 6)), float(np.clip(a[6], 1.6, 2.3))
                 if start_mode == "warm":
                     hist = deltasim.pseudo_history(code, static, pose, speed, cfg.sim.history)
                 else:
@@ -132,9 +177,8 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 npcs.append(dict(hist=list(hist), length=length, width=width, id=serial, age=0, acc=acc,
                                  start=len(hist) - 1))
                 ever.append(npcs[-1])
+                spawned_boxes.append([*pose, length, width])
                 serial += 1
-            n_tiles += 1
-            next_tile += cfg.data.tile_m - rc.frontier_m
         states = np.array([n["hist"][-1] for n in npcs] + [[*ego["pose"], ego["v"]]])
         dims = np.array([[n["length"], n["width"]] for n in npcs] + [[ego["length"], ego["width"]]])
         if npcs:
@@ -143,10 +187,8 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 actions = []
                 for n in npcs:
                     s = np.asarray(n["hist"][-1])
-                    key = min(world.routes, key=lambda k: np.min(np.linalg.norm(world.routes[k][:, :2] - s[:2], axis=1))
-                              + 5 * (1 - np.cos(world.routes[k][np.argmin(np.linalg.norm(world.routes[k][:, :2] - s[:2], axis=1)), 2] - s[2])))
-                    ahead = _gap(s, states)
-                    pose, v = bicycle(s[:3], s[3], pure_pursuit(s[:3], s[3], world.routes[key]), idm_accel(s[3], ahead, 0, 10.0))
+                    pose, v = bicycle(s[:3], s[3], pure_pursuit(s[:3], s[3], lanes.follow(s[:3])),
+                                      idm_accel(s[3], _gap(s, states), 0, 10.0))
                     actions.append(body_delta(s[:3], pose))
                 actions = np.array(actions)
             else:
@@ -163,6 +205,7 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 if len(n["acc"]) > 1:
                     jerk = abs(n["acc"][-1] - n["acc"][-2]) / DT
                     steps["jerk"].append(jerk)
+                    steps["jerk_age"].append((n["age"], jerk))
                     if n["age"] < 10:
                         steps["jerk_first"].append(jerk)
                 n["hist"].append(np.array([*pose, v]))
@@ -174,11 +217,14 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                               for h, n in zip(new, npcs)])
             hit = evaluation.colliding(boxes)  # the 5-circle test of the generator metric
             collided.update(n["id"] for n, h in zip(npcs, hit) if h)
-        # ego: pure pursuit + IDM along its route, seeing the NPCs
+        # ego: pure pursuit + IDM along the stitched route, seeing the NPCs
         gap = _gap(np.array([*ego["pose"], ego["v"]]), states[:-1]) if npcs else 100.0
-        pose, v = bicycle(ego["pose"], ego["v"], pure_pursuit(ego["pose"], ego["v"], line), idm_accel(ego["v"], gap, 0, 12.0))
+        ahead = route[ego_i:ego_i + 80]
+        pose, v = bicycle(ego["pose"], ego["v"], pure_pursuit(ego["pose"], ego["v"], ahead), idm_accel(ego["v"], gap, 0, 12.0))
+        ego_i += int(np.argmin(np.linalg.norm(ahead[:60] - pose[:2], axis=1)))
         travelled += np.linalg.norm(pose[:2] - ego["pose"][:2])
         ego["pose"], ego["v"] = pose, v
+        ego["hist"].append(np.array([*pose, v]))
         ego_path.append(pose.copy())
         npcs = [n for n in npcs if np.linalg.norm(n["hist"][-1][:2] - pose[:2]) < 80]
         if lanes.offroad(pose[None, :2])[0]:
@@ -187,7 +233,7 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
         if travelled >= rc.km * 1000:
             end = "distance"
             break
-        if np.linalg.norm(pose[:2] - line[-1, :2]) < 5:
+        if np.linalg.norm(pose[:2] - route[-1]) < 5:
             end = "route_end"
             break
     kin = np.asarray(steps["kin"])
@@ -200,20 +246,14 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 ttc_violation_rate=float(np.mean(steps["ttc"])) if steps["ttc"] else 0.0,
                 jerk_first_1s=float(np.mean(steps["jerk_first"])) if steps["jerk_first"] else float("nan"),
                 jerk_mean=float(np.mean(steps["jerk"])) if steps["jerk"] else float("nan"),
-                # the trace: ego poses per step, each NPC's executed poses (its pseudo-history excluded)
-                ego_path=np.asarray(ego_path), npc_paths=[np.asarray(n["hist"])[n["start"]:, :3] for n in ever])
-
-
-def _snap(pose: np.ndarray, world: World) -> np.ndarray:
-    """The nearest route point whose heading agrees with the agent's (any route if none agrees)."""
-    best, best_d = None, np.inf
-    for line in world.routes.values():
-        d = np.linalg.norm(line[:, :2] - pose[:2], axis=1)
-        d = d + 100 * (np.cos(line[:, 2] - pose[2]) < 0)
-        i = int(np.argmin(d))
-        if d[i] < best_d:
-            best, best_d = line[i].copy(), d[i]
-    return best
+                stitch_gap_m=float(np.mean(gaps)) if gaps else float("nan"),
+                stitch_fallback_rate=n_fallback / max(n_tiles, 1),
+                kin_costs=kin, jerk_age=np.asarray(steps["jerk_age"]).reshape(-1, 2), gaps=np.asarray(gaps),
+                # the trace: ego poses per step, each NPC's executed poses (its pseudo-history excluded), the
+                # stitched map (lanes by source), route, tile origins and every spawned agent's first box
+                ego_path=np.asarray(ego_path), npc_paths=[np.asarray(n["hist"])[n["start"]:, :3] for n in ever],
+                lanes=lanes.lanes, lane_source=[stitching.SOURCES.index(s) for s in lanes.sources], route=route,
+                tiles=np.asarray(origins).reshape(-1, 3), spawned_boxes=np.asarray(spawned_boxes).reshape(-1, 5))
 
 
 def _ahead(s, states):

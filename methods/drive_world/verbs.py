@@ -73,7 +73,7 @@ def _generate(run, cfg, seed, what, variant, n, out, png, start_mode) -> dict:
 
     from icml.cli.threads import single_thread
     from icml.methods.drive_world import pipeline, rollout
-    from icml.methods.drive_world.report import plot_trace, tile_figure
+    from icml.methods.drive_world.report import strip_figure, tile_figure
 
     ctx = SimpleNamespace(config=cfg, checkpoints=run.checkpoints, seed=seed)
     with single_thread():
@@ -87,16 +87,13 @@ def _generate(run, cfg, seed, what, variant, n, out, png, start_mode) -> dict:
             if png is not None:
                 tile_figure(arrays, f"{variant} tiles").savefig(png, dpi=120)
             return dict(tiles=n, agents=int(arrays["agent_mask"].sum()), lanes=int(arrays["lane_mask"].sum()))
-        spawn = pipeline._spawner(models, held, seed=1000 * seed)
+        outpaint = pipeline.outpainter(models, held, cfg.data, seed=1000 * seed)
         res = rollout.run_rollout(10_000 * seed, variant, models.policies.get(variant), models.vocab, start_mode,
-                                  cfg, spawn)
+                                  cfg, outpaint)
         pipeline.save_trace(out, res)
         if png is not None:
-            import matplotlib.pyplot as plt
-
-            fig, ax = plt.subplots(figsize=(6, 5))
-            plot_trace(ax, np.load(out))
-            ax.set_title(f"{variant} ({start_mode}): {res['km']:.2f} km, {res['end_reason']}", fontsize=8)
-            fig.savefig(png, dpi=120)
+            title = f"{variant} ({start_mode}): {res['km']:.2f} km, {res['end_reason']}"
+            strip_figure(np.load(out), title, cfg.data.tile_m).savefig(png, dpi=120)
         return dict(km=res["km"], end_reason=res["end_reason"], n_tiles=res["n_tiles"], npcs=res["spawned"],
-                    kin_violation_rate=res["kin_violation_rate"])
+                    kin_violation_rate=res["kin_violation_rate"], stitch_gap_m=res["stitch_gap_m"],
+                    stitch_fallback_rate=res["stitch_fallback_rate"])

@@ -1,0 +1,133 @@
+"""drive-world lane stitching: a generated lane that starts at the fixed lane's end gives gap 0 exactly and a
+continuous route; gaps are measured, incompatible lanes take the named `straight` fallback; a streaming rollout
+whose outpainter returns the procedural world's own continuation drives exactly on that road; agents snap to
+lanes of compatible heading; the outpainting context is the map behind the partition line."""
+from __future__ import annotations
+
+import numpy as np
+
+from icml.methods.drive_world import config, rollout, stitching
+from icml.methods.drive_world.world import build_world, resample, to_frame
+
+EPS = np.finfo(np.float64).eps
+
+
+def rc(**kw):
+    r = config.RolloutConfig()
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+def tile(lanes, fixed):
+    L = len(lanes)
+    return dict(lanes=np.stack([resample(np.asarray(l, float), 10) for l in lanes]), lane_mask=np.ones(L, bool),
+                fixed_lanes=np.asarray(fixed, bool), agents=np.zeros((0, 7)), motion=np.zeros((0, 12)),
+                agent_mask=np.zeros(0, bool), fixed_agents=np.zeros(0, bool))
+
+
+ORIGIN = np.array([100.0, 50.0, 0.7])
+
+
+def route_to(origin, n=30):
+    back = np.stack([np.arange(-n, 1.0), np.zeros(n + 1)], 1)
+    return stitching.from_frame(back, origin)
+
+
+def test_lane_starting_at_the_fixed_lane_end_stitches_with_gap_exactly_zero():
+    t = tile([[[-20, 0], [0, 0]], [[0, 0], [20, 0.5]], [[0, 0], [0, 0]], [[0.2, 0], [-15, 0]], [[0, 3.5], [20, 3.5]]],
+             [True, False, False, False, False])
+    t["lanes"][1, 0] = t["lanes"][0, -1]  # the generated lane begins at the fixed lane's endpoint node
+    t["lanes"][2] = resample(np.array([t["lanes"][1, -1], [30.0, 2.0]]), 10)  # and its successor at that lane's end
+    used, gaps = stitching.chain(t, 1.0, 30.0)
+    assert used == [1, 2] and gaps == [0.0, 0.0]  # the reversed lane (gap 0.2) and the neighbour (3.5 m) are not taken
+    route = route_to(ORIGIN)
+    st = stitching.stitch(route, t, ORIGIN, rc(), 64.0)
+    assert not st.fallback and st.gaps == [0.0, 0.0] and len(st.lanes) == 4
+    full = np.vstack([route, st.route])
+    step = np.linalg.norm(np.diff(full, axis=0), axis=1)
+    assert step.min() > 0.1 and step.max() <= 1.0 + 64 * EPS * 200  # continuous: no repeated point, no jump
+    assert np.abs(st.route[-1] - stitching.from_frame(t["lanes"][2, -1:], ORIGIN)[0]).max() <= 64 * EPS * 200
+
+
+def test_gap_is_measured_and_incompatible_lanes_take_the_straight_fallback():
+    t = tile([[[0.3, 0.4], [20, 0.4]]], [False])
+    st = stitching.stitch(route_to(ORIGIN), t, ORIGIN, rc(), 64.0)
+    assert not st.fallback and abs(st.gaps[0] - 0.5) <= 4 * EPS
+    for lanes in ([[[1.2, 0], [20, 0]]], [[[0, 0], [0, 20]]], [[[0, 0], [0.5, 0]]]):  # too far, 90°, shorter than 1 m
+        st = stitching.stitch(route_to(ORIGIN), tile(lanes, [False]), ORIGIN, rc(), 64.0)
+        assert st.fallback and st.gaps == []
+        local = to_frame(st.route, ORIGIN)  # a straight lane of tile_m / 2 along the route-end heading
+        assert np.abs(local[:, 1]).max() <= 64 * EPS * 200 and abs(local[-1, 0] - 32) <= 64 * EPS * 200
+        assert np.linalg.norm(np.diff(np.vstack([ORIGIN[None, :2], st.route]), axis=0), axis=1).max() <= 1 + 1e-12
+
+
+def test_densify_keeps_every_vertex_and_spaces_at_most_1m():
+    poly = np.array([[0.0, 0.0], [0.3, 0.1], [0.3, 0.1], [5.7, -2.2], [9.1, 4.0]])
+    out = stitching.densify(poly)
+    kept = [int(np.flatnonzero((out == p).all(1))[0]) for p in poly[[0, 1, 3, 4]]]
+    assert kept == sorted(kept) and len(out) == 1 + 1 + 6 + 8
+    assert np.linalg.norm(np.diff(out, axis=0), axis=1).max() <= 1.0
+
+
+def test_rollout_on_the_ground_truth_continuation_drives_exactly_on_the_procedural_road():
+    cfg = config.preset("smoke")
+    cfg.rollout.km, cfg.rollout.max_steps = 0.3, 600
+    seed = 3
+    world = build_world(cfg.rollout.km * 1000 + 150, np.random.default_rng([seed, 99]), n_agents=0)  # the rollout's
+    half = cfg.data.tile_m / 2
+
+    def ground_truth(k, origin, pieces, rows):
+        """The procedural world itself, clipped to the tile's new half (x ≥ 0 up to rounding)."""
+        assert len(pieces) >= 1 and len(rows) == 1  # the map behind the partition line; the ego
+        out = []
+        for lane in world.lanes:
+            local = to_frame(lane, origin)
+            run = stitching.longest_run((np.abs(local) <= half).all(1) & (local[:, 0] >= -1e-9))
+            if run is not None:
+                out.append(resample(local[run], 64))  # ≥ the lane's 1 m vertices: stays on the polyline
+        return dict(tile([[[0, 0], [1, 1]]] * len(out), [False] * len(out)), lanes=np.stack(out))
+
+    res = rollout.run_rollout(seed, "idm", None, None, "warm", cfg, ground_truth)
+    tol = 64 * EPS * np.abs(res["route"]).max()
+    assert res["end_reason"] == "distance" and res["stitch_fallback_rate"] == 0 and res["n_tiles"] >= 8
+    assert res["gaps"].max() <= tol and (res["gaps"] == 0).mean() > 0.5  # within a tile the joints are exact
+    line = world.routes[(1, 0)][:, :2]
+    a, b = line[:-1], line[1:]
+    p = res["route"][:, None]
+    f = np.clip(((p - a) * (b - a)).sum(-1) / ((b - a) ** 2).sum(-1), 0, 1)
+    assert np.linalg.norm(p - (a + f[..., None] * (b - a)), axis=-1).min(1).max() <= tol  # on the road
+    step = np.linalg.norm(np.diff(res["route"], axis=0), axis=1)
+    assert step.min() > 0 and step.max() <= 1.0 + tol
+
+
+def test_agents_snap_to_stitched_lanes_of_compatible_heading():
+    lanes = stitching.LaneMap()
+    lanes.add(np.array([[0.0, 0.0], [20.0, 0.0]]), "generated")
+    lanes.add(np.array([[20.0, 1.0], [0.0, 1.0]]), "generated")  # the opposite direction, 1 m to the left
+    lanes.add(np.array([[20.0, 0.0], [40.0, 3.0]]), "generated")  # the first lane's stitched successor
+    tol = 64 * EPS * 40
+    assert np.abs(lanes.snap(np.array([5.0, 0.9, 0.1])) - [5.0, 0.0, 0.0]).max() <= tol  # nearer lane B is reversed
+    assert np.abs(lanes.snap(np.array([5.0, 0.1, np.pi - 0.1])) - [5.0, 1.0, np.pi]).max() <= tol
+    line = lanes.follow(np.array([5.2, 0.2, 0.0]))  # lane A from its nearest point on, then its successor
+    assert np.abs(line[0] - [5.0, 0.0]).max() <= tol and np.array_equal(line[-1], [40.0, 3.0])
+    assert len(line) == 16 + 22 and np.abs(line[:16, 1]).max() == 0
+    assert bool(lanes.offroad(np.array([[10.0, 2.6]]))[0]) and not bool(lanes.offroad(np.array([[10.0, 2.4]]))[0])
+
+
+def test_outpainting_context_is_the_map_behind_the_partition_line():
+    data = config.DataConfig()
+    lanes = stitching.LaneMap()
+    lanes.add(route_to(ORIGIN, 40), "seed")
+    lanes.add(stitching.from_frame(np.array([[5.0, 0.0], [30.0, 0.0]]), ORIGIN), "generated")  # ahead: not given
+    hist = np.array([[*stitching.from_frame(np.array([[x, 3.5]]), ORIGIN)[0], ORIGIN[2], 10.0] for x in range(-25, -4)])
+    ahead = hist.copy()
+    ahead[:, :2] = stitching.from_frame(np.array([[x + 30.0, 3.5] for x in range(-25, -4)]), ORIGIN)
+    pieces, rows = stitching.context(lanes, [(hist, 4.5, 1.9), (ahead, 4.5, 1.9)], ORIGIN, data)
+    assert len(pieces) == 1 and np.abs(pieces[0][-1]).max() <= 64 * EPS * 200 and pieces[0][:, 0].max() <= 0
+    assert -data.tile_m / 2 <= pieces[0][0, 0] <= -data.tile_m / 2 + 1  # clipped to the window
+    assert len(rows) == 1 and abs(rows[0][0][0] + 5) < 1e-9 and not rows[0][2]  # the moving agent behind the line
+    t = stitching.context_tile(pieces, rows, 3, 2, 1, data)
+    assert t["lane_mask"].sum() == 4 and t["fixed_lanes"].sum() == 1 and t["fixed_lanes"][0]
+    assert t["agent_mask"].sum() == 3 and t["fixed_agents"].sum() == 1 and t["label"] == 1
+    assert np.array_equal(t["lanes"][0], pieces[0].astype(np.float32)) and not t["lanes"][1:].any()
