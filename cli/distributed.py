@@ -4,6 +4,7 @@ Launched by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK), a method's training
 
     model = distributed.wrap(model)          # DistributedDataParallel: gradients averaged over ranks
     batch = distributed.shard(batch)         # this rank's equal slice of the global batch
+    rows, real = distributed.share(len(batch))  # or, for a token-summed loss: rows, then ÷ sum_divisor(count)
     value = distributed.mean(loss.item())    # the global-batch value, the same on every rank
     jobs = distributed.from_main(jobs)       # rank 0's decision (e.g. what --resume still has to do)
     if distributed.is_main(): save(...)      # checkpoints: rank 0 alone
@@ -142,6 +143,16 @@ def wrap(model):
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
+def is_replica(model) -> bool:
+    """Whether `model` came out of `wrap` as a DistributedDataParallel replica (under torchrun): a loss
+    computed through it is this rank's share of the global batch's."""
+    if not launched():
+        return False
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(model, DistributedDataParallel)
+
+
 def shard(batch):
     """This rank's contiguous slice of a global batch (rows along dim 0); the batch itself alone.
     Slices must be equal, so that the mean of the ranks' mean losses is the global batch's."""
@@ -153,6 +164,27 @@ def shard(batch):
                         f"use a batch size divisible by {ranks} (--set batch_size=...)")
     size = rows // ranks
     return batch[rank() * size:(rank() + 1) * size]
+
+
+def share(rows: int) -> tuple[slice, bool]:
+    """This rank's contiguous rows of a global batch whose loss is a sum over target tokens divided by
+    the global batch's count (rows of unequal weight, where `shard`'s mean of means would be wrong):
+    shares differ by at most one row, and each rank divides its sum by `sum_divisor(count)`. With fewer
+    rows than ranks, a rank without rows gets row 0 as a stand-in that the caller weights zero (every
+    rank must run forward and backward each step for DDP's gradient average); the flag says whether
+    the rows are real. Without torchrun: every row, real."""
+    if not launched():
+        return slice(0, rows), True
+    base, extra = divmod(rows, world_size())
+    start = rank() * base + min(rank(), extra)
+    stop = start + base + (rank() < extra)
+    return (slice(start, stop), True) if stop > start else (slice(0, 1), False)
+
+
+def sum_divisor(count):
+    """What a rank divides the summed loss of its `share` by: the global batch's `count` of targets over
+    the ranks, so that DDP's mean of the ranks' gradients is that of (global sum) / count."""
+    return count / world_size() if launched() else count
 
 
 def mean(value: float) -> float:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError, UsageError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_write_json
@@ -137,8 +138,10 @@ def train(ctx: RunContext) -> None:
         model = tiny_model(cfg, len(tokenizer), ctx.seed)
         state_path = ctx.checkpoints / "state.pt"
         start, optimizer_state = 0, None
-        if ctx.resumed and state_path.exists():
-            saved = torch.load(state_path, weights_only=False)
+        saved = (torch.load(state_path, weights_only=False)
+                 if ctx.resumed and state_path.exists() and distributed.is_main() else None)
+        saved = distributed.from_main(saved)  # under torchrun: rank 0's checkpoint, on every rank
+        if saved is not None:
             model.load_state_dict(saved["model"])
             start, optimizer_state = saved["step"], saved["optimizer"]
         ctx.log(f"tiny Llama: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}")
@@ -155,16 +158,20 @@ def train(ctx: RunContext) -> None:
                 ctx.log(f"  step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
 
         def checkpoint(step: int, optimizer) -> None:
+            if not distributed.is_main():  # every rank holds the same state; rank 0 writes it
+                return
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                        state_path)
 
-        with ctx.progress("training steps", cfg.steps - start) as advance, intra_op_threads(cfg.train_threads):
+        with (ctx.progress("training steps", cfg.steps - start) as advance, intra_op_threads(cfg.train_threads),
+              distributed.ranks_stop_together()):  # torchrun: a rank that fails stops all with its line
             train_model(model, tokenizer, cfg, ctx.seed, ctx.device, val, start, optimizer_state, log, checkpoint,
                         advance)
         model.config._attn_implementation = "eager"
-        model.save_pretrained(ctx.checkpoints / "model")
-        tokenizer.save_pretrained(ctx.checkpoints / "model")
-    if cfg.calibrate_on_train:
+        if distributed.is_main():
+            model.save_pretrained(ctx.checkpoints / "model")
+            tokenizer.save_pretrained(ctx.checkpoints / "model")
+    if cfg.calibrate_on_train and distributed.is_main():  # one process's forward passes: rank 0's
         entry = calibrate(ctx.run.path, cfg, ctx.seed, ctx.device)
         ctx.log(f"calibration: H̄ = {entry['h_bar']:.4f} over {entry['n']} prompts")
 

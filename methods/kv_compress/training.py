@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+from icml.cli import distributed
 from icml.methods.kv_compress.config import TASKS, row_mixture
 from icml.methods.kv_compress.data import (Example, context_count_sequence, context_recall_sequence, copy_sequence,
                                            count_sequence, cue_copy_sequence, generate, recall_sequence)
@@ -120,26 +121,45 @@ def training_batch(tokenizer, cfg, seed: int, step: int) -> dict[str, torch.Tens
     return pad(encoded, tokenizer.pad_token_id)
 
 
+def rank_inputs(inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """Under torchrun, from the global batch every rank builds: this rank's rows and the model's
+    `num_items_in_batch` (transformers then divides their summed answer-token loss by it instead of
+    taking their mean), so that DDP's average of the ranks' gradients is the global batch's token
+    mean. A rank without rows (fewer rows than ranks) trains on row 0 with every target ignored."""
+    count = int((inputs["labels"][:, 1:] != -100).sum())  # the targets the shifted loss counts
+    mine, real = distributed.share(len(inputs["labels"]))
+    inputs = {key: value[mine] for key, value in inputs.items()}
+    if not real:
+        inputs["labels"] = torch.full_like(inputs["labels"], -100)
+    return inputs, {"num_items_in_batch": distributed.sum_divisor(count)}
+
+
 def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example], start_step: int,
                 optimizer_state: dict | None, on_log: Callable[[int, dict], None],
                 on_checkpoint: Callable[[int, torch.optim.Optimizer], None], advance: Callable[[float], None]):
     """Train from `start_step` to cfg.steps; batches depend on (seed, step) only, so a resumed run
-    sees the batches an uninterrupted one would."""
+    sees the batches an uninterrupted one would. Under torchrun the model trains data-parallel
+    (cli/distributed.py): every rank builds each global batch and trains on its rows (`rank_inputs`);
+    the logged losses are the global batch's, validation runs whole on every rank."""
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)
+    replicas = distributed.wrap(model)  # DistributedDataParallel under torchrun; the model itself otherwise
     running = []
     for step in range(start_step, cfg.steps):
-        inputs = {k: v.to(device) for k, v in training_batch(tokenizer, cfg, seed, step).items()}
+        inputs, loss_options = training_batch(tokenizer, cfg, seed, step), {}
+        if distributed.is_replica(replicas):
+            inputs, loss_options = rank_inputs(inputs)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss = model(**inputs).loss
+        loss = replicas(**inputs, **loss_options).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        running.append(loss.item())
+        running.append(distributed.mean(loss.item()))  # the global batch's
         done = step + 1
         if done % cfg.train_log_every == 0 or done == cfg.steps:
             on_log(done, {"train_loss": sum(running) / len(running)})

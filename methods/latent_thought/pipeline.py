@@ -12,6 +12,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from icml.cli import distributed
 from icml.cli.errors import UsageError
 from icml.cli.threads import intra_op_threads
 from icml.methods.latent_thought.data import check_sizes, load_corpus, train_windows, val_windows
@@ -89,12 +90,14 @@ def train(ctx) -> None:
         corpus = corpus_for(cfg)
         ctx.run.update(corpus=corpus.info)
         curve_windows = torch.from_numpy(val_windows(corpus.val, cfg.seq_len, cfg.val_windows_train))
+        finished = [name for name in cfg.arms if (ctx.checkpoints / name / "config.json").exists()]
+        finished = distributed.from_main(finished)  # under torchrun: what rank 0's run directory holds
         for name in cfg.arms:
-            directory = ctx.checkpoints / name
-            if (directory / "config.json").exists():  # --resume: this arm finished before the interruption
+            if name in finished:  # --resume: this arm finished before the interruption
                 ctx.log(f"{name}: checkpoint exists, skipped")
                 continue
-            train_arm(ctx, name, corpus, curve_windows, directory)
+            with distributed.ranks_stop_together():  # torchrun: a rank that fails stops all with its line
+                train_arm(ctx, name, corpus, curve_windows, ctx.checkpoints / name)
 
 
 def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) -> None:
@@ -102,6 +105,7 @@ def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) ->
     spec = spec_of(name, cfg)
     model = build_arm(spec, cfg.tiny, ctx.seed, cfg.thought_scale, cfg.model).to(ctx.device).train()
     optimizer = optimizer_for(model, cfg)
+    replicas = distributed.wrap(model)  # DistributedDataParallel under torchrun; the model itself otherwise
     data_rng = np.random.default_rng(ctx.seed)  # same windows in the same order for every arm
     j_rng = random.Random(ctx.seed)  # same J draws for every PonderLM-2 arm
     curve_windows = curve_windows.to(ctx.device)
@@ -110,24 +114,26 @@ def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) ->
     seconds = 0.0
     with ctx.progress(f"train {name}", cfg.steps) as advance:
         for step in range(cfg.steps):
-            batch = torch.from_numpy(train_windows(corpus.train, cfg.seq_len, cfg.batch, data_rng)).to(ctx.device)
+            windows = train_windows(corpus.train, cfg.seq_len, cfg.batch, data_rng)  # every rank draws the global batch
+            batch = distributed.shard(torch.from_numpy(windows)).to(ctx.device)  # and trains on its equal slice
             J = j_rng.choice(cfg.train_J)
             started = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, cfg)
-            logits = model(batch[:, :-1], J)
+            logits = replicas(batch[:, :-1], J)
             loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())  # the B·T real targets only
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
             optimizer.step()
             seconds += time.perf_counter() - started
-            if not math.isfinite(loss.item()):
+            loss_value = distributed.mean(loss.item())  # the global batch's: every rank stops alike
+            if not math.isfinite(loss_value):
                 raise UsageError(f"{name}: the training loss diverged at step {step}", "lower lr (--set lr=…)")
             done = step + 1
             rows = []
             if done % cfg.train_log_every == 0 or done == cfg.steps:
-                rows.append({"variant": name, "metric": "train_loss", "value": loss.item(), "step": done,
+                rows.append({"variant": name, "metric": "train_loss", "value": loss_value, "step": done,
                              **tags(spec, cfg, J if solve == "jacobi" else None, solve)})
             if done % cfg.val_every == 0 or done == cfg.steps:
                 model.eval()
@@ -142,8 +148,9 @@ def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) ->
     ctx.record([{"variant": name, "metric": "wall_s", "value": seconds, "step": cfg.steps, **tags(spec, cfg)},
                 {"variant": name, "metric": "train_tokens_per_s", "value": tokens / seconds, "step": cfg.steps,
                  **tags(spec, cfg)}], split="train")
-    save_arm(model, directory, cfg.train_J)
-    ctx.log(f"{name}: {cfg.steps} steps in {seconds:.1f} s, final train loss {loss.item():.4f}")
+    if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
+        save_arm(model, directory, cfg.train_J)
+    ctx.log(f"{name}: {cfg.steps} steps in {seconds:.1f} s, final train loss {loss_value:.4f}")
 
 
 # --- eval -----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from icml.cli import distributed
 from icml.methods.rl_sgd.model import Prompts, completion_logprobs
 
 # The optimizer of each arm as the spec's table gives it; weight decay 0 everywhere.
@@ -63,13 +64,14 @@ def group_advantages(rewards: torch.Tensor, std_eps: float) -> tuple[torch.Tenso
 
 
 def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                      mask: torch.Tensor, clip_eps: float) -> torch.Tensor:
-    """The token-level clipped surrogate loss over the tokens of `mask` (rows: completions)."""
+                      mask: torch.Tensor, clip_eps: float, count: float | None = None) -> torch.Tensor:
+    """The token-level clipped surrogate loss over the tokens of `mask` (rows: completions), divided
+    by their number, or by `count` (under torchrun: the global batch's share, `distributed.sum_divisor`)."""
     ratio = torch.exp(logp - old_logp)
     a = advantages[:, None]
     surrogate = torch.minimum(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
     mask = mask.to(surrogate.dtype)
-    return -(surrogate * mask).sum() / mask.sum()
+    return -(surrogate * mask).sum() / (mask.sum() if count is None else count)
 
 
 @dataclass
@@ -78,6 +80,18 @@ class Rollout:
     tokens: torch.Tensor  # [P·G, T]
     mask: torch.Tensor  # [P·G, T] completion tokens up to and including <eos>
     rewards: torch.Tensor  # [P, G]
+
+
+def rank_share(prompts: Prompts, tokens: torch.Tensor, mask: torch.Tensor, *per_row: torch.Tensor):
+    """Under torchrun, where every rank holds the whole batch: this rank's rows (`distributed.share`),
+    their loss mask (zero on a stand-in row) and the divisor of their summed loss, then the rows of
+    each of `per_row`. The token-summed loss over these rows ÷ that divisor, averaged over the ranks
+    by DDP, is the global batch's token mean."""
+    count = distributed.sum_divisor(float(mask.sum()))
+    mine, real = distributed.share(len(tokens))
+    loss_mask = mask[mine] if real else torch.zeros_like(mask[mine])
+    return (Prompts(prompts.ids[mine], prompts.mask[mine]), tokens[mine], mask[mine], loss_mask, count,
+            *(values[mine] for values in per_row))
 
 
 def clip_and_norm(model: torch.nn.Module, max_norm: float) -> float:
@@ -103,18 +117,21 @@ def grpo_update(model, optimizer, rollout: Rollout, *, clip_eps: float, ppo_epoc
     width = int(mask.sum(1).max())  # drop the all-padding tail columns: they carry no loss
     tokens, mask = tokens[:, :width], mask[:, :width]
     adv = advantages.reshape(-1)[rows].to(next(model.parameters()).dtype)
+    loss_mask, count, replica = mask, None, distributed.is_replica(model)
+    if replica:  # data-parallel: this rank's completions of the (shared) rollout
+        prompts, tokens, mask, loss_mask, count, adv = rank_share(prompts, tokens, mask, adv)
     old_logp = None
     for epoch in range(ppo_epochs):
         optimizer.zero_grad(set_to_none=True)
         logp = completion_logprobs(model, prompts, tokens, mask, temperature)
         if old_logp is None:
             old_logp = logp.detach()  # π_old: the policy that sampled the batch
-        loss = clipped_surrogate(logp, old_logp, adv, mask, clip_eps)
+        loss = clipped_surrogate(logp, old_logp, adv, loss_mask, clip_eps, count)
         loss.backward()
         norm = clip_and_norm(model, grad_clip)
         optimizer.step()
         if epoch == 0:
-            stats["grad_norm"], stats["loss"] = norm, loss.item()
+            stats["grad_norm"], stats["loss"] = norm, distributed.mean(loss.item()) if replica else loss.item()
     return stats
 
 
@@ -122,9 +139,12 @@ def sft_update(model, optimizer, prompts: Prompts, tokens: torch.Tensor, mask: t
                grad_clip: float) -> dict:
     """One cross-entropy step on gold completions (token mean over completion tokens only)."""
     optimizer.zero_grad(set_to_none=True)
+    loss_mask, count, replica = mask, None, distributed.is_replica(model)
+    if replica:  # data-parallel: this rank's rows of the batch
+        prompts, tokens, mask, loss_mask, count = rank_share(prompts, tokens, mask)
     logp = completion_logprobs(model, prompts, tokens, mask)
-    loss = -(logp * mask).sum() / mask.sum()
+    loss = -(logp * loss_mask).sum() / (mask.sum() if count is None else count)
     loss.backward()
     norm = clip_and_norm(model, grad_clip)
     optimizer.step()
-    return {"sft_loss": loss.item(), "grad_norm": norm}
+    return {"sft_loss": distributed.mean(loss.item()) if replica else loss.item(), "grad_norm": norm}

@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.workers import run_in_workers
@@ -136,7 +137,10 @@ def grid_of(cfg, arm: str, best: dict[str, float]) -> list[float]:
 
 def train(ctx: RunContext) -> None:
     cfg, seed = ctx.config, ctx.seed
-    theta0, theta0_hash, history = prepare_theta0(ctx)
+    # under torchrun θ₀ is rank 0's (the warm start trains there alone; the others wait) and every rank
+    # reads it from rank 0's path: on several nodes --runs-dir must be on a filesystem they share
+    with distributed.ranks_stop_together():  # if rank 0 fails there, its line alone is printed
+        theta0, theta0_hash, history = distributed.from_main(prepare_theta0(ctx) if distributed.is_main() else None)
     ctx.run.update(theta0={"path": str(theta0), "hash": theta0_hash})
     recorded = ctx.metrics()
     if not ctx.resumed or recorded[recorded["variant"] == "warm_start"].empty:
@@ -146,6 +150,7 @@ def train(ctx: RunContext) -> None:
     done = recorded[(recorded["metric"] == "accuracy") & (recorded["phase"] == "train")]
     accuracies = {(v, float(lr)): a for v, lr, a in zip(done["variant"], done["lr"], done["value"])
                   if (run_dir(ctx.checkpoints, v, lr) / "theta_bf16.pt").exists()}
+    accuracies = distributed.from_main(accuracies)  # under torchrun: the runs rank 0's directory holds
     stages = [[a for a in cfg.arms if a not in RELATIVE_TO], [a for a in cfg.arms if a in RELATIVE_TO]]
     best: dict[str, float] = {}
     for stage in stages:

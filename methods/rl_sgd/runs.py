@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from icml.cli import distributed
 from icml.methods.rl_sgd import task as tasks
 from icml.methods.rl_sgd.grpo import OPTIMIZER_OF, Rollout, build_optimizer, grpo_update, optimizer_state_bytes, \
     sft_update
@@ -98,6 +99,9 @@ def train_run(cfg, seed: int, arm: str, lr: float, theta0: Path, out: Path) -> t
     if arm == "sgd_bf16_master":
         model = model.to(torch.bfloat16)  # weights held and updated in bf16: small steps round away
     optimizer = build_optimizer(arm, model, lr)
+    # under torchrun: DDP replicas (rank 0's weights); every rank samples the whole rollout alike and
+    # the update trains on its share of it (grpo.rank_share)
+    replicas = distributed.wrap(model)
     tags = run_tags(cfg, arm, lr)
     rows: list[dict] = []
     sft = arm.startswith("sft_")
@@ -107,12 +111,12 @@ def train_run(cfg, seed: int, arm: str, lr: float, theta0: Path, out: Path) -> t
             problems = task.rl_problems(seed, step, cfg.sft_batch)
             prompts, tokens, mask = sft_batch(tokenizer, [p.prompt for p in problems], [p.answer for p in problems],
                                               cfg.use_chat_template)
-            stats = sft_update(model, optimizer, prompts, tokens, mask, cfg.grad_clip)
+            stats = sft_update(replicas, optimizer, prompts, tokens, mask, cfg.grad_clip)
         else:
             problems = task.rl_problems(seed, step, cfg.prompts_per_step)
             batch = rollout(model, tokenizer, problems, cfg.group_size, cfg, task.reward,
                             sampling_generator(seed, step))
-            stats = grpo_update(model, optimizer, batch, clip_eps=cfg.clip_eps, ppo_epochs=cfg.ppo_epochs,
+            stats = grpo_update(replicas, optimizer, batch, clip_eps=cfg.clip_eps, ppo_epochs=cfg.ppo_epochs,
                                 std_eps=cfg.std_eps, skip_uniform_groups=cfg.skip_uniform_groups,
                                 grad_clip=cfg.grad_clip, temperature=cfg.temperature)
         if not all(math.isfinite(v) for v in stats.values()):
@@ -123,15 +127,17 @@ def train_run(cfg, seed: int, arm: str, lr: float, theta0: Path, out: Path) -> t
             break
     wall = time.perf_counter() - started
     state_bytes = optimizer_state_bytes(optimizer)
-    out.mkdir(parents=True, exist_ok=True)
     params = {name: p.detach() for name, p in model.named_parameters()}
-    torch.save({n: p.clone() for n, p in params.items()}, out / "theta_master.pt")  # fp32 (bf16 in bf16 mode)
-    torch.save({n: p.to(torch.bfloat16) for n, p in params.items()}, out / "theta_bf16.pt")
+    if distributed.is_main():  # every rank holds the same weights; rank 0 writes them
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({n: p.clone() for n, p in params.items()}, out / "theta_master.pt")  # fp32 (bf16 in bf16 mode)
+        torch.save({n: p.to(torch.bfloat16) for n, p in params.items()}, out / "theta_bf16.pt")
     # scored in fp32 like every snapshot in eval (a bf16-master run's bf16 weights, fp32 compute)
     acc = accuracy(model.float(), tokenizer, task.held_out, task.reward, cfg.max_new_tokens, cfg.use_chat_template)
     summary = {**tags, "accuracy": acc, "optimizer_state_bytes": state_bytes, "wall_time_s": wall,
                "n_params": sum(p.numel() for p in params.values()), "steps_done": step + 1}
-    (out / "run.json").write_text(json.dumps(summary, indent=1))
+    if distributed.is_main():
+        (out / "run.json").write_text(json.dumps(summary, indent=1))
     rows += [{**tags, "metric": "accuracy", "value": acc, "step": step + 1, "split": "val"},
              {**tags, "metric": "optimizer_state_bytes", "value": float(state_bytes), "step": step + 1,
               "split": "train"},
