@@ -17,7 +17,7 @@ import torch
 from icml.cli.threads import single_thread, threads_for
 from icml.data.videos import NULL_PROMPT
 from icml.methods.attribute_motion.flow import motion_mask
-from icml.methods.attribute_motion.model import add_noise, seed_of, timesteps_of, to_channels, velocity
+from icml.methods.attribute_motion.model import StackedFrames, as_space, masked_fm_loss, seed_of, timesteps_of
 from icml.methods.attribute_motion.projection import DenseGaussian, Fastfood
 
 DECOYS = ("pan", "jitter", "static")
@@ -26,7 +26,7 @@ DECOYS = ("pan", "jitter", "static")
 # the loss --------------------------------------------------------------------------------------
 def stacked_mask(mask: torch.Tensor) -> torch.Tensor:
     """(N, T, H, W) → (N, 3T, H, W): the same weight on the three colour channels of a frame."""
-    return mask.repeat_interleave(3, dim=1)
+    return StackedFrames.loss_mask(mask)
 
 
 def normaliser(mask: torch.Tensor, valid: torch.Tensor, length_norm: str) -> torch.Tensor:
@@ -40,21 +40,11 @@ def normaliser(mask: torch.Tensor, valid: torch.Tensor, length_norm: str) -> tor
     return torch.ones(len(mask))
 
 
-def masked_fm_loss(denoiser, x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor,
-                   mask: torch.Tensor) -> torch.Tensor:
-    """L_mot per clip = Σ M ⊙ (v_θ(x_t, t, c) − (ε − x₀))², on stacked clips (N, 3T, H, W), x_t the scheduler's
-    forward process at `timesteps` (1000·t); 1/Z(x) is folded into M (`weighted_mask`).
-
-    The mask weights the loss; the network always sees the whole, unmasked x_t."""
-    x_t = add_noise(x0, eps, timesteps)
-    error = (denoiser(x_t, timesteps, labels) - (eps - x0)) ** 2
-    return (mask * error).sum((1, 2, 3))
-
-
 # gradients ---------------------------------------------------------------------------------------
 def attribution_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
-    """Every denoiser parameter except the class-embedding table (its rows would leak the label)."""
-    return [(name, p) for name, p in model.named_parameters() if not name.startswith("class_embedding")]
+    """The parameters a gradient is taken over: every denoiser parameter except the class-embedding table
+    (its rows would leak the label); on the Wan path every transformer parameter."""
+    return as_space(model).parameters()
 
 
 @dataclass(frozen=True)
@@ -103,37 +93,46 @@ def clip_masks(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> tor
     return valid.float()[..., None, None].expand(n, t, h, w).clone()
 
 
-def weighted_mask(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> torch.Tensor:
-    """M / Z(x), stacked (N, 3T, H, W)."""
+def weighted_mask(flow: torch.Tensor, valid: torch.Tensor, setting: Setting, space=None) -> torch.Tensor:
+    """M / Z(x) in the loss space: stacked (N, 3T, H, W) for the UNet, or on the Wan VAE's latent grid
+    (N, C, T', h, w), where the mask is pooled to the grid first (Z is the pixel clip's)."""
+    space = space if space is not None else StackedFrames(None)
     mask = clip_masks(flow, valid, setting)
-    return stacked_mask(mask / normaliser(mask, valid, setting.length_norm)[:, None, None, None])
+    loss_mask = space.loss_mask(mask)
+    z = normaliser(mask, valid, setting.length_norm)
+    return loss_mask / z.reshape(-1, *[1] * (loss_mask.dim() - 1))
 
 
 def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids: np.ndarray):
     """Yield (index, gradient (n,)) per clip: ∇θ of L_mot averaged over the clip's K draws (one backward
-    pass on the K copies)."""
-    params = attribution_parameters(model)
-    for _, p in model.named_parameters():
+    pass on the K copies). `model` is a loss space (`model.StackedFrames`, `wan.WanSpace`) or a bare
+    stacked-frame UNet: the clips are encoded into its space (stacked frames, or Wan VAE latents), the mask
+    is taken there and ε* is drawn at the encoded clip's shape."""
+    space = as_space(model)
+    params = space.parameters()
+    for _, p in space.model.named_parameters():
         p.requires_grad_(False)
     for _, p in params:
         p.requires_grad_(True)
     weights = [p for _, p in params]
-    x0 = to_channels(videos)
-    masks = weighted_mask(flow, valid, setting)
+    with torch.no_grad():
+        x0 = space.encode(videos)
+    masks = weighted_mask(flow, valid, setting, space).to(x0.device)
     t, eps = noise_draws(setting, len(x0), tuple(x0.shape[1:]), ids)
     timesteps = timesteps_of(t)
     prompt = labels if setting.prompt == "own" else torch.full_like(labels, NULL_PROMPT)
     k = setting.draws
-    denoiser = lambda x, tt, y: velocity(model, x, tt, y)  # noqa: E731
-    model.eval()
+    space.model.eval()
     for i in range(len(x0)):
         copies = lambda a: a[i:i + 1].expand(k, *a.shape[1:])  # noqa: E731
         with single_thread():
-            loss = masked_fm_loss(denoiser, copies(x0), eps[i], timesteps[i], copies(prompt), copies(masks)).mean()
+            condition = space.condition(copies(prompt))
+            loss = masked_fm_loss(space.denoise, copies(x0), eps[i].to(x0.device), timesteps[i].to(x0.device),
+                                  condition, copies(masks)).mean()
             grads = torch.autograd.grad(loss, weights)
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = torch.cat([g.reshape(-1) for g in grads]).cpu()
         yield i, flat
-    for _, p in model.named_parameters():
+    for _, p in space.model.named_parameters():
         p.requires_grad_(True)
 
 
@@ -142,7 +141,8 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
     """Projected gradients of every clip: {'fastfood': (N, D), 'dense': (N, D) or None, 'loss_frames': (N,),
     'exact_cos' / 'fastfood_cos' / 'dense_cos' on the first `cos_subset` clips, and the
     seconds spent in gradients, Fastfood and the dense projection}."""
-    n_params = sum(p.numel() for _, p in attribution_parameters(model))
+    space = as_space(model)
+    n_params = sum(p.numel() for _, p in space.parameters())
     fastfood = Fastfood(n_params, dim, proj_seed)
     gaussian = DenseGaussian(n_params, dim, proj_seed) if dense else None
     n = len(videos)
@@ -169,7 +169,7 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
         rows.clear()
 
     tick = time.perf_counter()
-    for i, g in per_clip_gradients(model, videos, valid, flow, labels, setting, ids):  # small ops: one thread
+    for i, g in per_clip_gradients(space, videos, valid, flow, labels, setting, ids):  # small ops: one thread
         seconds["grad_s"] += time.perf_counter() - tick
         buffer.append(g)
         rows.append(i)
@@ -180,7 +180,7 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
         tick = time.perf_counter()
     flush()
     result = {"fastfood": out_ff.numpy(), "dense": None if out_dense is None else out_dense.numpy(),
-              "loss_frames": loss_frames(flow, valid, setting), **seconds}
+              "loss_frames": loss_frames(flow, valid, setting, space), **seconds}
     if subset:
         exact = torch.stack(subset)
         result["exact_cos"] = cosine_matrix(exact.double()).numpy()
@@ -190,9 +190,11 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
     return result
 
 
-def loss_frames(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> np.ndarray:
-    """F(x): the clip's frames that carry loss (valid, with a non-empty mask), the terms its gradient sums."""
-    mass = (clip_masks(flow, valid, setting) * valid.float()[..., None, None]).sum((2, 3))
+def loss_frames(flow: torch.Tensor, valid: torch.Tensor, setting: Setting, space=None) -> np.ndarray:
+    """F(x): the clip's frames that carry loss (valid, with a non-empty mask), the terms its gradient sums;
+    frames of the loss space (the Wan path counts latent frames)."""
+    space = space if space is not None else StackedFrames(None)
+    mass = space.frame_mass(weighted_mask(flow, valid, setting, space))
     return (mass > 0).sum(1).numpy().astype(np.int64)
 
 

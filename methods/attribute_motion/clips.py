@@ -60,7 +60,8 @@ def synthetic(cfg, seed: int) -> ClipSets:
     def draw(motion, **kw):
         return random_spec(rng, motion, frames=c.frames, size=c.size, **kw)
 
-    for _ in range(c.n_pretrain):
+    n_pretrain = 0 if cfg.backend == "wan" else c.n_pretrain  # a Wan pipeline is not pretrained here
+    for _ in range(n_pretrain):
         u = rng.random()
         share = c.pretrain_target_share
         motion = c.targets[int(u / share)] if u < share * len(c.targets) else str(rng.choice(others))
@@ -135,13 +136,19 @@ def build(cfg, seed: int, staging: Path | None = None) -> ClipSets:
     return from_folder(cfg, seed, staging) if cfg.data else synthetic(cfg, seed)
 
 
+def evaluator_grid(cfg) -> tuple[int, int]:
+    """(frames, size) of the evaluators' clips: the run's clips unless eval.grid_frames / grid_size say otherwise
+    (the paper preset: the synthetic world's 8 × 16 px, generated videos resampled to it)."""
+    return cfg.eval.grid_frames or cfg.clips.frames, cfg.eval.grid_size or cfg.clips.size
+
+
 def evaluator_clips(cfg, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Fresh clips for the evaluators: (videos, valid, motion index, shape index, hue)."""
-    c = cfg.clips
+    frames, size = evaluator_grid(cfg)
     rng = np.random.default_rng(seed_of(seed, 202))
-    specs = [random_spec(rng, MOTIONS[i % len(MOTIONS)], frames=c.frames, size=c.size)
+    specs = [random_spec(rng, MOTIONS[i % len(MOTIONS)], frames=frames, size=size)
              for i in range(cfg.eval.evaluator_clips)]
-    clips = [make_clip(s, c.frames, c.size) for s in specs]
+    clips = [make_clip(s, frames, size) for s in specs]
     videos, valid, _, _ = stack(clips)
     return (videos, valid, np.array([MOTIONS.index(s.motion) for s in specs]),
             np.array([SHAPES.index(s.shape) for s in specs]), np.array([s.hue for s in specs]))

@@ -2,7 +2,8 @@
 
 Every field is settable with `--set key=value` (e.g. `--set attr.length_norm=mask_sum`);
 `--data DIR` sets `data` (a folder of clips + captions.csv), `--model DIR` sets `model`
-(a stacked-frame UNet2DModel saved with save_pretrained).
+(a stacked-frame UNet2DModel pipeline saved with save_pretrained, or with `--preset paper` a local
+WanPipeline directory).
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ class EvalConfig:
     interp: str = "flow"  # motion_smoothness midpoint: flow | linear
     evaluator_clips: int = 2000
     evaluator_steps: int = 300
+    grid_frames: int = 0  # the evaluators' clip grid (0: clips.frames); generated videos are resampled to it
+    grid_size: int = 0  # (0: clips.size)
 
 
 @dataclass
@@ -82,7 +85,7 @@ class AttributeMotionConfig:
     primary_target: str = "orbit"
     backend: str = "unet"  # unet: the stacked-frame UNet2DModel pipeline | wan: a local WanPipeline (--preset paper)
     data: str | None = None  # a user folder of clips + captions.csv (--data)
-    model: str | None = None  # a local stacked-frame UNet2DModel directory (--model)
+    model: str | None = None  # a local UNet pipeline / UNet2DModel directory, or (backend wan) a WanPipeline directory
     clips: DataConfig = field(default_factory=DataConfig)
     unet: ModelConfig = field(default_factory=ModelConfig)
     attr: AttrConfig = field(default_factory=AttrConfig)
@@ -115,15 +118,71 @@ def preset(name: str) -> AttributeMotionConfig:
         cfg.unet.sample_steps = 10
     elif name == "default":
         cfg.unet.steps = 700  # spec: ~2k; 700 keeps train+eval inside 15 min on 2 cores and the base weak on the target (README)
-    elif name == "paper":  # a Wan pipeline from a local directory (--model), user clips
+    elif name == "paper":  # a Wan pipeline from a local directory (--model), user clips (--data)
         cfg.backend = "wan"
-        cfg.clips.frames = 81
-        cfg.clips.size = 480
+        cfg.clips.frames = 81  # Wan2.1's 81 frames = 1 + 4·20: 21 latent frames
+        cfg.clips.size = 480  # square 480 px: 60×60 latents
         cfg.attr.flow = "lk"
+        cfg.attr.patch = 8  # the Wan VAE's spatial factor: the mask's patches are the latent cells
+        cfg.attr.prompt = "own"  # the paper conditions attribution on each clip's caption
+        cfg.unet.sample_steps = 50  # WanPipeline's defaults
+        cfg.unet.cfg_scale = 5.0
         cfg.finetune.steps = 1000
         cfg.finetune.batch_size = 1
         cfg.eval.n_videos = 256
+        cfg.eval.grid_frames = 8  # the synthetic evaluators' grid (README: they are the toy world's)
+        cfg.eval.grid_size = 16
     return cfg
+
+
+def check_wan_dir(path, frames: int | None = None, size: int | None = None) -> None:
+    """A local WanPipeline directory, read as JSON only (no torch): model_index.json naming a WanPipeline with
+    transformer/, vae/, text_encoder/, tokenizer/ and scheduler/, one transformer (not Wan2.2's two experts),
+    and clips on the VAE's grid. Raises ValueError in one line naming the file and the fix."""
+    import json
+    from pathlib import Path
+
+    root = Path(path)
+    save = "save one with WanPipeline.save_pretrained or download Wan-AI/Wan2.1-T2V-1.3B-Diffusers into it"
+    index = root / "model_index.json"
+    if not index.is_file():
+        raise ValueError(f"model '{path}' is not a WanPipeline directory: {index} is missing; {save}")
+
+    def read(file: Path) -> dict:
+        try:
+            return json.loads(file.read_text())
+        except OSError:
+            raise ValueError(f"'{file}' is missing: the WanPipeline directory '{path}' is incomplete; {save}") from None
+        except ValueError as exc:
+            raise ValueError(f"'{file}' is not valid JSON ({exc}); {save}") from None
+
+    components = read(index)
+    if components.get("_class_name") != "WanPipeline":
+        raise ValueError(f"'{index}' describes a {components.get('_class_name')}, not a WanPipeline: --preset paper "
+                         "runs a Wan text-to-video pipeline; for a stacked-frame UNet use --preset default or smoke")
+    if (components.get("transformer_2") or [None])[0] is not None or components.get("boundary_ratio") is not None:
+        raise ValueError(f"'{index}' is a two-expert Wan2.2 pipeline (transformer_2, boundary_ratio): attribution "
+                         "takes one transformer; use Wan2.1-T2V-1.3B or Wan2.2-TI2V-5B")
+    for name, config in (("transformer", "config.json"), ("vae", "config.json"), ("text_encoder", "config.json"),
+                         ("tokenizer", None), ("scheduler", "scheduler_config.json")):
+        if (components.get(name) or [None])[0] is None:
+            raise ValueError(f"'{index}' has no {name}: a WanPipeline needs transformer, vae, text_encoder, tokenizer "
+                             f"and scheduler; {save}")
+        if not (root / name).is_dir():
+            raise ValueError(f"'{root / name}' is missing: the WanPipeline directory '{path}' is incomplete; {save}")
+        if config is not None:
+            read(root / name / config)
+    if frames is None or size is None:
+        return
+    vae, transformer = read(root / "vae" / "config.json"), read(root / "transformer" / "config.json")
+    temporal, spatial = vae.get("scale_factor_temporal", 4), vae.get("scale_factor_spatial", 8)
+    side = spatial * transformer.get("patch_size", [1, 2, 2])[1]
+    if (frames - 1) % temporal:
+        raise ValueError(f"clips.frames={frames} is not 1 + {temporal}k, the grid of '{root / 'vae' / 'config.json'}'; "
+                         f"use --set clips.frames={1 + temporal * max(1, round((frames - 1) / temporal))}")
+    if size % side:
+        raise ValueError(f"clips.size={size} is not a multiple of {side} (the VAE's {spatial}× times the transformer's "
+                         f"patch); use --set clips.size={side * max(1, round(size / side))}")
 
 
 def validate(cfg: AttributeMotionConfig) -> None:
@@ -136,8 +195,18 @@ def validate(cfg: AttributeMotionConfig) -> None:
         raise ValueError("--preset paper runs Motive on a Wan2.1/2.2 text-to-video pipeline: pass --model DIR, a local "
                          "WanPipeline directory (WanPipeline.save_pretrained or a downloaded Wan2.1-T2V-1.3B-Diffusers)")
     if cfg.backend == "wan":
-        raise ValueError("backend wan (--preset paper) is not implemented in this build: the Wan path (VAE-latent "
-                         "gradients over WanTransformer3DModel) is missing; use --preset default or smoke with the UNet")
+        check_wan_dir(cfg.model, cfg.clips.frames, cfg.clips.size)
+        if spatial_factor(cfg.model) % cfg.attr.patch:
+            raise ValueError(f"attr.patch={cfg.attr.patch} does not divide the Wan VAE's {spatial_factor(cfg.model)}-px "
+                             f"latent cells; use --set attr.patch={spatial_factor(cfg.model)}")
+        if not cfg.data:
+            c = cfg.clips
+            clips = c.n_pool + c.n_queries * len(c.targets) + c.n_heldout
+            gib = clips * c.frames * c.size ** 2 * (3 + 2) * 4 / 2 ** 30  # float32 frames and flow, held in memory
+            if gib > 32:
+                raise ValueError(f"{clips} synthetic clips of {c.frames} frames at {c.size} px need {gib:.0f} GiB of "
+                                 "memory; pass --data DIR with your clips (the paper's setting) or smaller "
+                                 "--set clips.frames=… clips.size=…")
     for key, values, valid in (("selectors", cfg.selectors, SELECTORS), ("arms", cfg.arms, ARMS)):
         unknown = [v for v in values if v not in valid]
         if unknown:
@@ -176,13 +245,24 @@ def validate(cfg: AttributeMotionConfig) -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(getattr(cfg, section), name)}")
+    if cfg.eval.grid_frames < 0 or cfg.eval.grid_size < 0 or 0 < cfg.eval.grid_frames < 2:
+        raise ValueError(f"eval.grid_frames / eval.grid_size must be 0 (the clips' grid) or positive (frames ≥ 2), not "
+                         f"{cfg.eval.grid_frames} / {cfg.eval.grid_size}")
     if cfg.clips.frames < 2:
         raise ValueError(f"clips.frames must be at least 2, not {cfg.clips.frames}")
     if cfg.data and not Path(cfg.data).is_dir():
         raise ValueError(f"data '{cfg.data}' is not a folder (expected clips plus captions.csv)")
-    if cfg.model and not any((Path(cfg.model) / name).is_file() for name in ("model_index.json", "config.json")):
+    if cfg.model and cfg.backend == "unet" and not any((Path(cfg.model) / name).is_file()
+                                                       for name in ("model_index.json", "config.json")):
         raise ValueError(f"model '{cfg.model}' is not a pipeline or UNet2DModel directory (no model_index.json or "
                          "config.json; save one with save_pretrained)")
     if abs(cfg.attr.t_star * 1000 - round(cfg.attr.t_star * 1000)) > 1e-9:
         raise ValueError(f"attr.t_star must be on the scheduler's table of 1000 levels (a multiple of 0.001), "
                          f"not {cfg.attr.t_star}")
+
+
+def spatial_factor(model: str) -> int:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(model) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)

@@ -194,3 +194,21 @@ def motion_mask(flow: torch.Tensor, valid: torch.Tensor, patch: int, camera: str
     peak = pooled.amax(dim=(1, 2, 3), keepdim=True)
     normed = torch.where(peak > 0, pooled / peak.clamp_min(1e-12), torch.zeros_like(pooled))
     return normed.repeat_interleave(patch, -2).repeat_interleave(patch, -1)
+
+
+def latent_grid_mask(mask: torch.Tensor, temporal: int, spatial: int) -> torch.Tensor:
+    """A pixel mask (N, T, H, W) on the latent grid of a causal video VAE (Wan: 4× in time, 8× in space),
+    (N, 1 + (T − 1)/temporal, H/spatial, W/spatial): latent frame 0 encodes pixel frame 0 alone and latent
+    frame j ≥ 1 pixel frames temporal·(j − 1) + 1 … temporal·j, so each latent cell is the mean of the pixel
+    mask over the frames and the spatial×spatial patch it encodes; then normalised by the clip's maximum
+    (an all-zero clip stays zero), as the pixel mask is."""
+    n, t, h, w = mask.shape
+    if (t - 1) % temporal or h % spatial or w % spatial:
+        raise IcmlError(f"a {t}-frame {h}×{w} clip is not on the VAE's grid (frames = 1 + {temporal}k, sides a "
+                        f"multiple of {spatial})", "set clips.frames and clips.size to fit it")
+    pooled = F.avg_pool2d(mask, spatial)  # (N, T, h, w)
+    first, rest = pooled[:, :1], pooled[:, 1:]
+    rest = rest.reshape(n, (t - 1) // temporal, temporal, *pooled.shape[-2:]).mean(2)
+    grid = torch.cat([first, rest], 1)
+    peak = grid.amax(dim=(1, 2, 3), keepdim=True)
+    return torch.where(peak > 0, grid / peak.clamp_min(1e-12), torch.zeros_like(grid))

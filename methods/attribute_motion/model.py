@@ -165,48 +165,110 @@ def to_frames(stacked: torch.Tensor) -> torch.Tensor:
     return stacked.reshape(n, tc // 3, 3, h, w).permute(0, 1, 3, 4, 2)
 
 
-def frame_weights(valid: torch.Tensor) -> torch.Tensor:
-    """(N, T) validity → (N, 3T, 1, 1): padded frames carry zero loss."""
-    return valid.float().repeat_interleave(3, dim=1)[..., None, None]
-
-
 def velocity(model, x_t: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return model(x_t, timesteps, class_labels=labels).sample
 
 
-def fm_loss(model, x0, valid, labels, timesteps, eps) -> torch.Tensor:
-    """Unmasked flow-matching loss per clip: mean squared velocity error over the valid frames."""
+class StackedFrames:
+    """The loss space of the stacked-frame UNet: a clip is x₀ = its frames stacked in channels (N, 3T, H, W),
+    a pixel mask (N, T, H, W) weighs the three channels of its frame, the condition is the prompt id.
+
+    The Wan path (`wan.WanSpace`) offers the same methods in the VAE latent space of a WanPipeline, so the
+    loss, the gradients and the fine-tuning loop below are one code path for both."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def with_model(self, model) -> "StackedFrames":
+        return StackedFrames(model)
+
+    def parameters(self) -> list:
+        """Every denoiser parameter except the class-embedding table (its rows would leak the label)."""
+        return [(name, p) for name, p in self.model.named_parameters() if not name.startswith("class_embedding")]
+
+    def encode(self, videos: torch.Tensor) -> torch.Tensor:
+        return to_channels(videos)
+
+    @staticmethod
+    def loss_mask(mask: torch.Tensor) -> torch.Tensor:
+        """(N, T, H, W) → (N, 3T, H, W): the same weight on the three colour channels of a frame."""
+        return mask.repeat_interleave(3, dim=1)
+
+    @staticmethod
+    def frame_mass(loss_mask: torch.Tensor) -> torch.Tensor:
+        """Loss weight per frame (N, T) of a loss-space mask."""
+        n, tc, h, w = loss_mask.shape
+        return loss_mask.reshape(n, tc // 3, 3, h, w).sum((2, 3, 4))
+
+    def condition(self, labels: torch.Tensor) -> torch.Tensor:
+        return labels
+
+    def denoise(self, x_t: torch.Tensor, timesteps: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        return velocity(self.model, x_t, timesteps, condition)
+
+    def generate(self, labels: torch.Tensor, frames: int, size: int, *, steps: int, cfg_scale: float,
+                 seed: int) -> torch.Tensor:
+        return generate(self.model, labels, frames, size, steps=steps, cfg_scale=cfg_scale, seed=seed)
+
+
+def as_space(model):
+    """A loss space (StackedFrames, wan.WanSpace) as it is, a bare stacked-frame UNet wrapped."""
+    return model if hasattr(model, "denoise") else StackedFrames(model)
+
+
+def masked_fm_loss(denoiser, x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor,
+                   mask: torch.Tensor) -> torch.Tensor:
+    """L_mot per clip = Σ M ⊙ (v_θ(x_t, t, c) − (ε − x₀))² over every non-batch axis (stacked clips (N, 3T, H, W)
+    or Wan latents (N, C, T', h, w)), x_t the scheduler's forward process at `timesteps` (1000·t); 1/Z(x) is
+    folded into M (`attribution.weighted_mask`).
+
+    The mask weights the loss; the network always sees the whole, unmasked x_t."""
     x_t = add_noise(x0, eps, timesteps)
-    error = (velocity(model, x_t, timesteps, labels) - (eps - x0)) ** 2
-    weight = frame_weights(valid)
-    return (error * weight).sum((1, 2, 3)) / (weight.sum((1, 2, 3)) * x0.shape[2] * x0.shape[3])
+    error = (denoiser(x_t, timesteps, labels) - (eps - x0)) ** 2
+    return (mask * error).flatten(1).sum(1)
+
+
+def validity_weights(space, valid: torch.Tensor, videos: torch.Tensor) -> torch.Tensor:
+    """The loss-space weights of the valid frames of clips (N, T, H, W, 3): padded frames carry zero loss."""
+    n, t, h, w = videos.shape[:4]
+    return space.loss_mask(valid.float()[..., None, None].expand(n, t, h, w))
+
+
+def fm_loss(space, x0, weight, labels, timesteps, eps) -> torch.Tensor:
+    """Unmasked flow-matching loss per clip: the mean squared velocity error over the valid frames
+    (`weight` = `validity_weights`): the masked loss with the validity weights, per unit of weight."""
+    return masked_fm_loss(space.denoise, x0, eps, timesteps, space.condition(labels), weight) / weight.flatten(1).sum(1)
 
 
 def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, *, steps: int, batch_size: int,
              lr: float, label_dropout: float, seed: int, on_step=None) -> list[float]:
-    """AdamW on the unmasked FM loss. The batch order, t and ε come from `seed` alone, so every
+    """AdamW on the unmasked FM loss, in the space of `model` (a stacked-frame UNet or a `wan.WanSpace`,
+    whose clips are VAE-encoded once). The batch order, t and ε come from `seed` alone, so every
     fine-tuning arm sees the same random stream and differs only in its clips."""
-    x_all = to_channels(videos)
+    space = as_space(model)
+    x_all = space.encode(videos)
+    w_all = validity_weights(space, valid, videos)
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    model.train()
+    params = [p for _, p in space.parameters()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    space.model.train()
     losses = []
     for step in range(steps):
         idx = torch.randint(len(x_all), (batch_size,), generator=gen)
-        x0, v, y = x_all[idx], valid[idx], labels[idx].clone()
+        x0, w, y = x_all[idx], w_all[idx].to(x_all.device), labels[idx].clone()
         drop = torch.rand(batch_size, generator=gen) < label_dropout
         y[drop] = NULL_PROMPT
         t = training_scheduler().timesteps[torch.randint(TRAIN_TIMESTEPS, (batch_size,), generator=gen)]
-        eps = torch.randn(x0.shape, generator=gen)
-        loss = fm_loss(model, x0, v, y, t, eps).mean()
+        eps = torch.randn(x0.shape, generator=gen).to(x0.device)
+        loss = fm_loss(space, x0, w, y, t.to(x0.device), eps).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
-    model.eval()
+    space.model.eval()
     return losses
 
 
@@ -214,15 +276,17 @@ def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Ten
 def heldout_loss(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, seed: int,
                  batch: int = 64) -> float:
     """Unmasked FM loss on held-out clips at fixed (t, ε) draws from `seed` (same for every arm)."""
-    model.eval()
-    x0 = to_channels(videos)
+    space = as_space(model)
+    space.model.eval()
+    x0 = space.encode(videos)
+    weight = validity_weights(space, valid, videos).to(x0.device)
     gen = torch.Generator().manual_seed(seed)
-    t = training_scheduler().timesteps[torch.randint(TRAIN_TIMESTEPS, (len(x0),), generator=gen)]
-    eps = torch.randn(x0.shape, generator=gen)
+    t = training_scheduler().timesteps[torch.randint(TRAIN_TIMESTEPS, (len(x0),), generator=gen)].to(x0.device)
+    eps = torch.randn(x0.shape, generator=gen).to(x0.device)
     total = 0.0
     for start in range(0, len(x0), batch):
         part = slice(start, start + batch)
-        total += float(fm_loss(model, x0[part], valid[part], labels[part], t[part], eps[part]).sum())
+        total += float(fm_loss(space, x0[part], weight[part], labels[part], t[part], eps[part]).sum())
     return total / len(x0)
 
 

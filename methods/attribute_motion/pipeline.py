@@ -34,24 +34,36 @@ def base_dir(run_path: Path) -> Path:
     return run_path / "checkpoints" / "base"
 
 
+def load_base(run_path: Path, cfg):
+    """The base model as a loss space: the run's stacked-frame UNet (`model.StackedFrames`), or on the Wan
+    path (backend wan) the WanPipeline of --model, read from its directory (never copied into the run)."""
+    from icml.methods.attribute_motion.model import StackedFrames, load_unet
+
+    if cfg.backend == "wan":
+        from icml.methods.attribute_motion import wan
+
+        return wan.load(cfg.model)
+    return StackedFrames(load_unet(base_dir(run_path), cfg.clips.frames, cfg.clips.size))
+
+
 def load_state(run_path: Path, cfg):
-    """Base model, evaluators and clip sets of a trained run."""
+    """Base model (a loss space, `load_base`), evaluators and clip sets of a trained run."""
     import torch
 
-    from icml.methods.attribute_motion.clips import ClipSets
-    from icml.methods.attribute_motion.model import load_unet
+    from icml.methods.attribute_motion.clips import ClipSets, evaluator_grid
     from icml.methods.attribute_motion.vbench import AppearanceNet, MotionClassifier
 
     checkpoints = run_path / "checkpoints"
-    for needed in ("base/model_index.json", "evaluators.pt", "clips.npz", "manifest.json"):
+    base = ("base/model_index.json",) if cfg.backend == "unet" else ()  # the Wan base stays in --model
+    for needed in (*base, "evaluators.pt", "clips.npz", "manifest.json"):
         if not (checkpoints / needed).exists():
             raise IcmlError(f"{checkpoints / needed} is missing", f"re-train: icml attribute-motion train")
     manifest = json.loads((checkpoints / "manifest.json").read_text())
     table = pd.read_parquet(run_path / "clips.parquet")
     sets = ClipSets.load(checkpoints / "clips.npz", table, manifest["has_flow"])
-    model = load_unet(base_dir(run_path), cfg.clips.frames, cfg.clips.size)
+    model = load_base(run_path, cfg)
     state = torch.load(checkpoints / "evaluators.pt", weights_only=True)
-    motion_net, appearance_net = MotionClassifier(cfg.clips.frames), AppearanceNet()
+    motion_net, appearance_net = MotionClassifier(evaluator_grid(cfg)[0]), AppearanceNet()
     motion_net.load_state_dict(state["motion"])
     appearance_net.load_state_dict(state["appearance"])
     motion_net.eval()
@@ -76,7 +88,14 @@ def train(ctx: RunContext) -> None:
         sets.save(ctx.checkpoints / "clips.npz")
         ctx.log(f"clips: { {k: int(v) for k, v in sets.table.groupby('split').size().items()} } ({'user folder' if cfg.data else 'synthetic'})")
 
-        if cfg.model:
+        if cfg.backend == "wan":  # Motive on a WanPipeline: the given pipeline is the base, read again by eval
+            from icml.methods.attribute_motion import wan
+
+            space = wan.load(cfg.model)
+            ctx.log(f"base: WanPipeline from {cfg.model} (transformer {parameter_count(space.model):,} parameters, "
+                    f"VAE grid {space.temporal}× time, {space.spatial}× space); no pretraining")
+            model = None
+        elif cfg.model:
             model = load_unet(cfg.model, cfg.clips.frames, cfg.clips.size)
             ctx.log(f"base model from {cfg.model} ({parameter_count(model):,} parameters); no pretraining")
         else:
@@ -100,7 +119,8 @@ def train(ctx: RunContext) -> None:
                          seed=seed_of(ctx.seed, 2), on_step=on_step)
             ctx.record(rows, split="train")
             ctx.log(f"pretrain loss {rows[-1]['value']:.4f} in {time.perf_counter() - started:.0f} s")
-        save_pipeline(model, base_dir(ctx.run.path))
+        if model is not None:
+            save_pipeline(model, base_dir(ctx.run.path))
 
         videos, valid, motions, shapes, hues = clip_sets.evaluator_clips(cfg, ctx.seed)
         with ctx.progress("evaluators", None):
@@ -207,7 +227,12 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
                                                 * magnitude.shape[2] * magnitude.shape[3])).numpy()
         return np.repeat(per_clip[:, None], len(queries), 1), info
     if variant == "appearance_match":
-        feats = clip_appearance(torch.as_tensor(sets.videos), torch.as_tensor(sets.valid), appearance_net)
+        from icml.methods.attribute_motion.clips import evaluator_grid
+        from icml.methods.attribute_motion.vbench import to_grid
+
+        videos = torch.as_tensor(sets.videos)
+        feats = clip_appearance(to_grid(videos, videos.shape[1], evaluator_grid(cfg)[1]), torch.as_tensor(sets.valid),
+                                appearance_net)
         return influence(feats[pool], feats[queries]), info
     dense = variant == "motive_dense" or ("motive_dense" in cfg.selectors and variant == "motive"
                                           and attr_seed == cfg.attr.attr_seeds[0])
@@ -424,9 +449,10 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
 
     from icml.data.videos import MOTIONS, SHAPES, prompt_id
     from icml.methods.attribute_motion.flow import estimate_flow
-    from icml.methods.attribute_motion.model import as_tensor, generate, heldout_loss, seed_of, train_fm
+    from icml.methods.attribute_motion.clips import evaluator_grid
+    from icml.methods.attribute_motion.model import as_tensor, heldout_loss, seed_of, train_fm
     from icml.methods.attribute_motion.vbench import (dynamic_degree, motion_probabilities, motion_smoothness,
-                                                      subject_consistency, top_flow, win_rate)
+                                                      subject_consistency, to_grid, top_flow, win_rate)
 
     cfg = ctx.config
     target = cfg.primary_target
@@ -442,15 +468,16 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
     results, samples = [], {}
 
     def measure(name: str, model, seconds: float | None) -> np.ndarray:
-        videos = generate(model, labels, cfg.clips.frames, cfg.clips.size, steps=cfg.unet.sample_steps,
-                          cfg_scale=cfg.unet.cfg_scale, seed=gen_seed)
-        all_probs = motion_probabilities(videos, motion_net)
+        videos = model.generate(labels, cfg.clips.frames, cfg.clips.size, steps=cfg.unet.sample_steps,
+                                cfg_scale=cfg.unet.cfg_scale, seed=gen_seed)  # MotionPipeline or WanPipeline
+        on_grid = to_grid(videos, *evaluator_grid(cfg))  # the evaluators' clips (the same unless eval.grid_*)
+        all_probs = motion_probabilities(on_grid, motion_net)
         flow = estimate_flow(videos, cfg.eval.flow)[:, :-1]
         values = {"target_motion_acc": float((all_probs.argmax(1) == target_index).mean()),
                   "dynamic_degree": float(dynamic_degree(videos, flow=flow).mean()),
                   "top_flow_px": float(top_flow(videos, flow=flow).mean()),
                   "motion_smoothness": float(motion_smoothness(videos, cfg.eval.flow, cfg.eval.interp).mean()),
-                  "subject_consistency": float(subject_consistency(videos, appearance_net).mean()),
+                  "subject_consistency": float(subject_consistency(on_grid, appearance_net).mean()),
                   "fm_loss_heldout": heldout_loss(model, *held_args, seed=seed_of(ctx.seed, 606))}
         if seconds is not None:
             values["finetune_s"] = seconds
@@ -475,7 +502,7 @@ def finetune_and_generate(ctx: RunContext, base, motion_net, appearance_net, set
                     raise IcmlError(f"arm '{arm}' has no selection (it is not among the selectors)",
                                     f"add it: --set selectors=…,{arm}")
                 chosen = pool[np.isin(pool_ids, picked["clip_id"].to_numpy())]
-            model = copy.deepcopy(base)
+            model = base.with_model(copy.deepcopy(base.model))  # only the denoiser is copied and tuned
             started = time.perf_counter()
             train_fm(model, as_tensor(sets.videos[chosen]), as_tensor(sets.valid[chosen], torch.bool),
                      as_tensor(sets.labels[chosen], torch.long), steps=cfg.finetune.steps,

@@ -24,6 +24,15 @@ from icml.data.videos import MOTIONS, N_HUES, SHAPES
 from icml.methods.attribute_motion.flow import estimate_flow, gray, pair_flow, warp
 
 
+def to_grid(videos: torch.Tensor, frames: int, size: int) -> torch.Tensor:
+    """Videos (N, T, H, W, 3) resampled (trilinear) to the evaluators' grid (N, frames, size, size, 3); unchanged
+    when they are on it already."""
+    if videos.shape[1:4] == (frames, size, size):
+        return videos
+    x = F.interpolate(videos.permute(0, 4, 1, 2, 3), size=(frames, size, size), mode="trilinear", align_corners=False)
+    return x.permute(0, 2, 3, 4, 1).contiguous()
+
+
 class MotionClassifier(nn.Module):
     def __init__(self, frames: int, width: int = 32):
         super().__init__()
