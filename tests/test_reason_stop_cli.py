@@ -117,6 +117,9 @@ def test_bad_input_is_one_line(tmp_path):
              (["--set", "inject_weight=2"], "inject_weight"),
              (["--set", "n_last_layers=8"], "tiny.layers (4) must be >= n_last_layers (8)"),
              (["--set", "recheck_weights=1,2"], "recheck_weights"),
+             (["--set", "temperature=-1"], "temperature must be >= 0"),
+             (["--set", "temperature=1", "--set", "top_p=0"], "top_p must be in (0, 1]"),
+             (["--set", "top_p=0.9"], "top_p < 1 needs temperature > 0"),
              (["--model", tmp_path], "not a checkpoint directory")]
     for argv, message in cases:
         result = invoke("reason-stop", "train", *TINY, *argv, "--runs-dir", runs)

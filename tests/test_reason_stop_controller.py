@@ -1,7 +1,9 @@
 """The ASAG controller's identities: normalised attention entropy (uniform → 1, one-hot → 0, closed
 forms), the hook-recorded rows against HF's own `output_attentions`, the probe leaving no trace in
 the cache, token identity with HF greedy decoding when exits and injection are disabled, the
-injected mixture, the decision table with its jump cap, and exits that generate an answer."""
+injected mixture, the decision table with its jump cap, and exits that generate an answer; under
+sampling (temperature > 0): vanilla = HF `generate(do_sample=True)` on the same seed, one stream
+shared by every variant up to its first action, probes that draw nothing, T → 0 = greedy."""
 from __future__ import annotations
 
 import math
@@ -12,7 +14,8 @@ import torch
 from icml.methods.reason_stop.config import preset
 from icml.methods.reason_stop.controller import (CONTINUE, EXIT, FORCED_EXIT, INJECT, JUMP, POLICIES,
                                                  AttentionRecorder, Codec, Session, answer_distribution, decide,
-                                                 generate, injected, normalised_entropy, probe, relative_change)
+                                                 generate, injected, normalised_entropy, probe, relative_change,
+                                                 stream_seed)
 from icml.methods.reason_stop.data import build_tokenizer
 
 EPS = torch.finfo(torch.float64).eps
@@ -38,13 +41,13 @@ def setup():
     return model, tokenizer, cfg
 
 
-def run(setup, variant: str, **overrides):
+def run(setup, variant: str, problem_id: int = 0, seed: int = 0, **overrides):
     model, tokenizer, cfg = setup
     cfg = type(cfg)(**{**cfg.__dict__, **overrides})
     codec = Codec(tokenizer, model, cfg)
     recorder = AttentionRecorder(model, cfg.n_last_layers)
     try:
-        return generate(model, codec, recorder, QUESTION, "9", variant, cfg, "cpu"), codec
+        return generate(model, codec, recorder, QUESTION, "9", variant, cfg, "cpu", problem_id, seed), codec
     finally:
         recorder.remove()
 
@@ -234,3 +237,52 @@ def test_decision_table():
     assert decide(3, 0.99, 0.5, True, 0, POLICIES["deer"], **kw) == EXIT  # DEER: confidence alone
     assert decide(3, 0.10, -0.5, False, 0, POLICIES["oracle_first_correct"], correct=True, **kw) == EXIT
     assert decide(3, 0.99, -0.5, True, 0, POLICIES["vanilla"], **kw) == CONTINUE
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampled thinking (temperature > 0, a deviation experiment; the spec decodes greedily)
+# ---------------------------------------------------------------------------------------------
+SAMPLED = {"temperature": 1.3, "top_p": 0.9}  # both HF warpers active
+
+
+def test_sampled_vanilla_is_hf_sampling_on_the_same_seed(setup):
+    model, tokenizer, cfg = setup
+    vanilla, codec = run(setup, "vanilla", problem_id=0, seed=3, **SAMPLED)
+    prompt = codec.prompt_ids(QUESTION, False)
+    torch.manual_seed(stream_seed(3, 0))  # generate() draws from the global generator
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=cfg.max_new_tokens + cfg.answer_max_tokens,
+                                   do_sample=True, top_k=0, eos_token_id=2, pad_token_id=0,
+                                   **SAMPLED)[0, len(prompt):].tolist()
+    assert vanilla.output_ids == reference[:len(vanilla.output_ids)] and len(vanilla.output_ids) >= 20
+    greedy, _ = run(setup, "vanilla")
+    assert vanilla.output_ids != greedy.output_ids  # it does sample
+    again, _ = run(setup, "vanilla", problem_id=0, seed=3, **SAMPLED)
+    other, _ = run(setup, "vanilla", problem_id=7, seed=3, **SAMPLED)
+    assert again.output_ids == vanilla.output_ids and other.output_ids != vanilla.output_ids
+    assert len({stream_seed(0, 1), stream_seed(1, 0), stream_seed(0, 0)}) == 3
+
+
+def test_sampled_stream_is_shared_and_probes_draw_nothing(setup):
+    vanilla, codec = run(setup, "vanilla", problem_id=0, seed=3, **SAMPLED)
+    assert vanilla.n_atp >= 5
+    # controllers that only continue probe at every ATP (greedy probes, rolled back) and must still
+    # consume vanilla's stream token for token
+    for variant, overrides in [("deer", {"lam": 1.1}), ("oracle_first_correct", {}),
+                               ("deer", {"lam": 1.1, "probe_position": "after"}),
+                               ("asag", {"lam": 1.1, "alpha": math.inf, "inject_weight": 0.0})]:
+        generation, _ = run(setup, variant, problem_id=0, seed=3, **SAMPLED, **overrides)
+        assert generation.output_ids == vanilla.output_ids, (variant, overrides)
+        assert generation.n_atp == vanilla.n_atp and generation.probe_tokens > 0
+    # an exit at the first ATP: vanilla's sampled prefix, then the exit suffix and a sampled answer
+    early, _ = run(setup, "deer", problem_id=0, seed=3, lam=-1.0, **SAMPLED)
+    first = vanilla.events[0]["position"]
+    assert early.events[0]["action"] == EXIT and early.events[0]["position"] == first
+    assert early.output_ids[:first] == vanilla.output_ids[:first]
+    assert early.output_ids[first:first + len(codec.exit_ids)] == codec.exit_ids
+
+
+def test_vanishing_temperature_is_greedy(setup):
+    greedy, _ = run(setup, "asag", lam=1.1, alpha=-math.inf, max_jumps=1, trap_stat="mass")
+    cold, _ = run(setup, "asag", lam=1.1, alpha=-math.inf, max_jumps=1, trap_stat="mass", temperature=1e-4)
+    assert cold.output_ids == greedy.output_ids and cold.counts == greedy.counts

@@ -53,6 +53,9 @@ class ReasonStopConfig:
     probe_position: str = "before"  # probe before or after the ATP token is appended
     trap_stat: str = "mean"  # trap test on mean weight per key, or on total attention mass
     probe_max_tokens: int = 16
+    # decoding of the model's own tokens (thinking and final answer); probes are always greedy
+    temperature: float = 0.0  # 0: greedy, the spec's; > 0: sampled from softmax(z / T) (README: deviation)
+    top_p: float = 1.0  # nucleus of the sampled distribution (1: the whole vocabulary); needs temperature > 0
     workers: int = 1  # variants evaluated in parallel processes (cli/workers.py)
     # controller strings (synthetic vocabulary; the paper preset sets the Qwen3 ones)
     atp_words: list[str] = field(default_factory=lambda: ["wait", "hmm"])
@@ -132,6 +135,12 @@ def validate(cfg: ReasonStopConfig) -> None:
         raise ValueError(f"inject_tokens must be positive or none (until the next ATP), not {cfg.inject_tokens}")
     if not 0 <= cfg.inject_weight <= 1:
         raise ValueError(f"inject_weight (γ) must be in [0, 1], not {cfg.inject_weight}")
+    if not (math.isfinite(cfg.temperature) and cfg.temperature >= 0):
+        raise ValueError(f"temperature must be >= 0 (0: greedy), not {cfg.temperature}")
+    if not 0 < cfg.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], not {cfg.top_p}")
+    if cfg.top_p < 1 and cfg.temperature == 0:
+        raise ValueError("top_p < 1 needs temperature > 0 (greedy decoding has no nucleus)")
     if math.isnan(cfg.lam) or math.isnan(cfg.alpha):
         raise ValueError("lam and alpha must be numbers, not nan")
     if cfg.lr <= 0 or cfg.weight_decay < 0:

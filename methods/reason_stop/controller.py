@@ -1,5 +1,5 @@
-"""The ASAG controller: greedy decoding inside the thinking block, and at every action-transition
-point (ATP) a probe for the intermediate answer, the windowed attention entropy and the trap test,
+"""The ASAG controller: greedy (optionally sampled) decoding inside the thinking block, and at every
+action-transition point (ATP) a probe for the intermediate answer, the windowed attention entropy and the trap test,
 which pick exit, logit injection, jump prompt or continue.
 
 One code path for the tiny Llama and any local HF decoder: a DynamicCache that probes roll back
@@ -253,6 +253,48 @@ class Codec:
 # ---------------------------------------------------------------------------------------------
 # One generation
 # ---------------------------------------------------------------------------------------------
+def stream_seed(seed: int, problem_id: int) -> int:
+    """The seed of one problem's sampling stream: a function of (run seed, problem id) alone, so every
+    variant of a problem draws the same random numbers in the same order."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, problem_id]).generate_state(1, np.uint64)[0])
+
+
+class Decoder:
+    """How the model's next token is chosen. Temperature 0 (the spec's): the argmax. Temperature > 0:
+    a draw from softmax of the logits warped by HF's own `TemperatureLogitsWarper`/`TopPLogitsWarper`
+    with `torch.multinomial`, the steps of `generate(do_sample=True, top_k=0)`, from a generator of
+    the problem's own (`stream_seed`). Only the model's own tokens draw — thinking and final answer;
+    probes stay greedy and never touch the generator — so a controller that only continues consumes
+    vanilla's stream exactly and reproduces vanilla's sampled trace."""
+
+    def __init__(self, cfg, seed: int, problem_id: int, device: str):
+        self.sampled = cfg.temperature > 0
+        if self.sampled:
+            from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+            # as generate(): no temperature warper at T = 1, no nucleus at top_p = 1
+            self.warpers = LogitsProcessorList(([TemperatureLogitsWarper(cfg.temperature)] if cfg.temperature != 1
+                                                else []) + ([TopPLogitsWarper(cfg.top_p)] if cfg.top_p < 1 else []))
+            self.generator = torch.Generator(device).manual_seed(stream_seed(seed, problem_id))
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """The next-token probabilities [vocab] the choice is made from."""
+        if not self.sampled:
+            return logits.softmax(-1)
+        return self.warpers(None, logits[None]).softmax(-1)[0]
+
+    def pick(self, probs: torch.Tensor) -> int:
+        if not self.sampled:
+            return int(probs.argmax())
+        return int(torch.multinomial(probs[None], 1, generator=self.generator))
+
+    def next(self, logits: torch.Tensor) -> int:
+        """A token straight from the logits (the answer phase: no injection)."""
+        return self.pick(self.distribution(logits)) if self.sampled else int(logits.argmax())
+
+
 def _cache_keyword(model) -> str:
     """transformers ≥ 5.x names the cache argument `cache`, earlier versions `past_key_values`."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -362,9 +404,11 @@ class Generation:
 
 
 def generate(model, codec: Codec, recorder: AttentionRecorder, question: str, truth: str | None, variant: str,
-             cfg, device: str, problem_id: int = 0) -> Generation:
-    """Greedy decoding of one problem under a variant's policy."""
+             cfg, device: str, problem_id: int = 0, seed: int = 0) -> Generation:
+    """One problem under a variant's policy: greedy decoding, or sampled with cfg.temperature > 0
+    from the stream of (seed, problem_id) (`Decoder`)."""
     policy = POLICIES[variant]
+    decoder = Decoder(cfg, seed, problem_id, device)
     started = time.perf_counter()
     recorder.reset()
     recorder.active, recorder.bounds = True, (None, None)
@@ -382,13 +426,13 @@ def generate(model, codec: Codec, recorder: AttentionRecorder, question: str, tr
     tail: list[int] = []  # a final <eos> that needs no forward pass
     thinking, ended = not policy.nothinking, False
     while thinking and session.length - n_prompt < cfg.max_new_tokens:
-        probs = logits.softmax(-1)
+        probs = decoder.distribution(logits)
         if reference is not None:
             probs = injected(probs.double(), reference.to(probs.device), cfg.inject_weight)
             if inject_left is not None:
                 inject_left -= 1
                 reference = None if inject_left == 0 else reference
-        token = int(probs.argmax())
+        token = decoder.pick(probs)
         word = codec.word(token)
         if token in codec.eos:
             tail, thinking, ended = [token], False, True
@@ -443,7 +487,7 @@ def generate(model, codec: Codec, recorder: AttentionRecorder, question: str, tr
     recorder.active = False  # the answer phase has no ATPs and needs no attention rows
     if not ended and not thinking:  # still thinking here: the budget ran out, no answer
         for _ in range(cfg.answer_max_tokens):
-            token = int(logits.argmax())
+            token = decoder.next(logits)
             if token in codec.eos:
                 tail = [token]
                 break

@@ -41,15 +41,17 @@ def eval_problems(cfg, seed: int) -> list[Problem]:
     return held_out_problems(cfg, seed, cfg.n_eval)
 
 
-def run_variant(run_path: str | None, cfg, device: str, variant: str, problems: list[Problem]) -> list[dict]:
-    """One variant over the problems (a worker job): the generations as plain dicts."""
+def run_variant(run_path: str | None, cfg, device: str, variant: str, problems: list[Problem],
+                seed: int = 0) -> list[dict]:
+    """One variant over the problems (a worker job): the generations as plain dicts. `seed` (the run's)
+    and the problem id seed each problem's sampling stream (cfg.temperature > 0)."""
     with single_thread():
         model, tokenizer = load_reasoner(run_path, cfg, device)
         codec = Codec(tokenizer, model, cfg)
         recorder = AttentionRecorder(model, cfg.n_last_layers)
         try:
             return [dataclasses.asdict(generate(model, codec, recorder, p.question, p.answer, variant, cfg, device,
-                                                p.problem_id)) for p in problems]
+                                                p.problem_id, seed)) for p in problems]
         finally:
             recorder.remove()
 
@@ -147,14 +149,14 @@ def synthetic_truth(question: str) -> str | None:
     return str(solve(tuple(map(int, operands)), tuple(ops)))
 
 
-def generate_one(run_path: Path, cfg, device: str, variant: str, question: str, answer: str | None):
+def generate_one(run_path: Path, cfg, device: str, variant: str, question: str, answer: str | None, seed: int = 0):
     with single_thread():
         model, tokenizer = load_reasoner(run_path, cfg, device)
         codec = Codec(tokenizer, model, cfg)
         recorder = AttentionRecorder(model, cfg.n_last_layers)
         truth = answer if answer is not None else (None if cfg.data else synthetic_truth(question))
         try:
-            generation = generate(model, codec, recorder, question, truth, variant, cfg, device)
+            generation = generate(model, codec, recorder, question, truth, variant, cfg, device, seed=seed)
         finally:
             recorder.remove()
     generation.pieces = [tokenizer.decode(generation.output_ids[a:b]) for a, b in zip(

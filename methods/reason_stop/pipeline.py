@@ -60,7 +60,8 @@ def evaluate(ctx: RunContext) -> None:
     problems = eval_problems(cfg, ctx.seed)
     ctx.log(f"{len(problems)} problems × {len(cfg.variants)} variants")
     results: dict[str, list[dict]] = {}
-    jobs = [(variant, run_variant, (str(ctx.run.path), cfg, ctx.device, variant, problems)) for variant in cfg.variants]
+    jobs = [(variant, run_variant, (str(ctx.run.path), cfg, ctx.device, variant, problems, ctx.seed))
+            for variant in cfg.variants]
     with ctx.progress("variants", len(jobs)) as advance:
         def done(variant: str, generations: list[dict]) -> None:
             results[variant] = generations

@@ -25,6 +25,14 @@ def _variants(rows: pd.DataFrame) -> list[str]:
     return [v for v in VARIANTS if v in present]
 
 
+def decoding_note(config) -> str:
+    """Sampled runs say so in their tables (greedy, the spec's decoding, adds nothing)."""
+    if config.temperature == 0:
+        return ""
+    return (f"; SAMPLED decoding (a deviation from the spec's greedy): temperature {config.temperature:g}, "
+            f"top_p {config.top_p:g}, probes greedy")
+
+
 def tables(frame: pd.DataFrame, config) -> list[Table]:
     train = frame[frame["phase"] == "train"]
     out = []
@@ -34,12 +42,13 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
                                 METHOD.metrics, order=VARIANTS,
                                 note="mean_tokens: thinking + jump-prompt/suffix + final answer tokens; "
                                      "probe tokens are counted apart (probe_overhead_tokens), never as savings; "
-                                     "compression_rate = mean_tokens / mean_tokens(vanilla); n_*: actions per problem"))
+                                     "compression_rate = mean_tokens / mean_tokens(vanilla); n_*: actions per problem"
+                                     + decoding_note(config)))
         hard = _eval(frame, FIRST_ERROR)
         if not hard.empty:
             out.append(metric_table(hard, "test_first_error: problems whose vanilla first-ATP probe answer is wrong",
                                     ["accuracy", "mean_tokens", "compression_rate"], METHOD.metrics, order=VARIANTS,
-                                    note=f"{int(config.n_eval)} test problems in all"))
+                                    note=f"{int(config.n_eval)} test problems in all" + decoding_note(config)))
         out.append(metric_table(rows, "Attention-entropy statistics and wall time", ENTROPY, METHOD.metrics,
                                 order=VARIANTS,
                                 note="ΔH at ATPs i>1 whose probe is correct / wrong; jump_repeat_fraction: jumps "

@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--prompt is empty", "pass a question, e.g. --prompt 'Q 3 + 5 ='")
         runs = store(runs_dir)
         run = runs.open(run_dir, METHOD.name) if run_dir else runs.latest(METHOD.name, "train")
-        cfg, _, _ = config_from_run(METHOD, run)
-        generation = generate_one(run.path, cfg, resolve_device(device), variant, prompt, answer)
+        cfg, _, seed = config_from_run(METHOD, run)
+        generation = generate_one(run.path, cfg, resolve_device(device), variant, prompt, answer, seed)
         if json_:
             console.emit_json({"run_dir": str(run.path), "variant": variant, "text": generation.text,
                                "answer": generation.answer, "correct": generation.correct,
