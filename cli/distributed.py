@@ -7,6 +7,8 @@ Launched by torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK), a method's training
     rows, real = distributed.share(len(batch))  # or, for a token-summed loss: rows, then ÷ sum_divisor(count)
     value = distributed.mean(loss.item())    # the global-batch value, the same on every rank
     jobs = distributed.from_main(jobs)       # rank 0's decision (e.g. what --resume still has to do)
+    distributed.average_gradients(params)    # after backward, instead of wrap, for routed loops (see it)
+    z = distributed.gather(z)                # a loss coupling the batch's rows: every rank's, differentiable
     if distributed.is_main(): save(...)      # checkpoints: rank 0 alone
 
 With equal slices the mean of the ranks' mean losses is the loss of the global batch, so the averaged
@@ -197,6 +199,85 @@ def mean(value: float) -> float:
     total = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(total)
     return total.item() / world_size()
+
+
+def average_gradients(params) -> None:
+    """Under torchrun: every parameter's .grad becomes the mean over the ranks, as DDP's would, for a
+    loop that routes each micro-batch through different parameters and steps once after accumulating
+    (where DDP's reducer, built for one fixed set of used parameters per backward, does not fit). A
+    parameter that received no gradient on any rank keeps .grad None (an optimizer skips it, as in one
+    process); one that received some on any rank gets the mean with zeros for the others (its
+    gradient on the global batch). Call it after the last backward of a step, before clipping.
+    Without torchrun: nothing."""
+    if not launched():
+        return
+    import torch
+    import torch.distributed as dist
+
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=params[0].device)
+    dist.all_reduce(present)
+    buckets: dict = {}
+    for p, anywhere in zip(params, present.tolist()):
+        if anywhere:
+            buckets.setdefault((p.device, p.dtype), []).append(p)
+    for bucket in buckets.values():
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in bucket])
+        dist.all_reduce(flat)
+        flat /= world_size()
+        for p, grad in zip(bucket, flat.split([p.numel() for p in bucket])):
+            p.grad = grad.view_as(p)
+    for p, anywhere in zip(params, present.tolist()):
+        if not anywhere:
+            p.grad = None
+
+
+def gather(tensor, dim: int = 0):
+    """Every rank's `tensor` concatenated along `dim` in rank order (the global batch's rows, from
+    each rank's `shard`), differentiable: for a loss that couples a batch's rows (contrastive, batch
+    statistics). Every rank then computes the same global loss; the gradient that flows back to a
+    rank's rows is the sum of all ranks' (world_size × its own), and the ranks' mean of the parameter
+    gradients (`average_gradients` or DDP) is the global loss's gradient. Without torchrun: `tensor`."""
+    if not launched():
+        return tensor
+    return _gathering().apply(tensor, dim)
+
+
+_Gather = None
+
+
+def _gathering():
+    """The autograd function of `gather` (defined on first use: importing this module never imports torch)."""
+    global _Gather
+    if _Gather is None:
+        import torch
+        import torch.distributed as dist
+
+        class _Gather(torch.autograd.Function):  # noqa: N801 - an autograd Function
+            @staticmethod
+            def forward(ctx, tensor, dim):
+                parts = [torch.empty_like(tensor) for _ in range(world_size())]
+                dist.all_gather(parts, tensor.contiguous())
+                ctx.dim, ctx.rows = dim, tensor.shape[dim]
+                return torch.cat(parts, dim=dim)
+
+            @staticmethod
+            def backward(ctx, grad):  # this rank's rows of the sum of every rank's gradient
+                total = grad.contiguous().clone()
+                dist.all_reduce(total)
+                return total.narrow(ctx.dim, rank() * ctx.rows, ctx.rows), None
+    return _Gather
+
+
+def barrier() -> None:
+    """Under torchrun: wait until every rank is here (e.g. until rank 0 has written a checkpoint that
+    the others read next). Without torchrun: nothing."""
+    if launched():
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def from_main(obj: Any) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save
@@ -131,7 +132,9 @@ def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | Non
             info["flops"] = T.flops(windows, {"core": dense_params + sum(p.numel() for p in lora)}, 0.0, False)
             info["params"] = sum(p.numel() for p in lora)
             info["rank"] = rank
-            atomic_torch_save({"lora": lora_state(model), "rank": rank}, checkpoint_path(folder, variant, profile, seed))
+            if distributed.is_main():
+                atomic_torch_save({"lora": lora_state(model), "rank": rank},
+                                  checkpoint_path(folder, variant, profile, seed))
         elif variant == "maxent":
             model = load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus, device)
             keep = retained(profile, corpus)
@@ -170,8 +173,10 @@ def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | Non
             losses = T.train_steps(model, steps, cfg, corpus.pad_id,
                                    single_optimizer=variant == "gram_single_optimizer", on_step=on_step)
     if not (variant == "ft_lora" and profile is not None):
-        _save(model, checkpoint_path(folder, variant, profile, seed), width, aux)
+        if distributed.is_main():  # under torchrun every rank holds the same weights; rank 0 writes them
+            _save(model, checkpoint_path(folder, variant, profile, seed), width, aux)
         info["params"] = sum(p.numel() for p in model.parameters())
+    distributed.barrier()  # the next job may read this checkpoint (maxent, ft_lora's LoRAs)
     rows += [{**tags, "metric": "train_loss", "value": loss, "step": i + 1, "split": "train"}
              for i, loss in enumerate(losses)]
     rows.append({**tags, "metric": "wall_s", "value": time.perf_counter() - started, "split": "train"})
@@ -225,9 +230,11 @@ def train(ctx: RunContext) -> None:
     except ValueError as exc:
         raise IcmlError(str(exc), "fix the data folder, tokenizer or profiles") from None
     seeds = [ctx.seed + k for k in range(cfg.seeds)]
-    folder = ctx.checkpoints
+    folder = distributed.from_main(ctx.checkpoints)  # torchrun: every rank reads rank 0's checkpoints
     ctx.log(f"data: {corpus.source}; vocab {corpus.vocab_size}; domains {', '.join(corpus.domains)}; "
-            f"profiles {', '.join(profiles)}; {len(seeds)} seed(s); {cfg.workers} worker(s)")
+            f"profiles {', '.join(profiles)}; {len(seeds)} seed(s); "
+            + (f"{distributed.world_size()} torchrun ranks (data-parallel)" if distributed.launched()
+               else f"{cfg.workers} worker(s)"))
     first, second = model_jobs(cfg, profiles)
     recorded = ctx.metrics()
     done_keys = set()
@@ -249,12 +256,14 @@ def train(ctx: RunContext) -> None:
         jobs = [((v, p, s), train_job, (cfg, ctx.seed, s, v, p, folder, ctx.device))
                 for s in seeds for v, p in wave
                 if not ((v, p, s) in done_keys and checkpoint_path(folder, v, p, s).exists())]
+        jobs = distributed.from_main(jobs)  # under torchrun: what rank 0's run directory still lacks
         total = len(wave) * len(seeds)
         with ctx.progress("training models", total) as advance:
             advance(total - len(jobs))
             run_in_workers(cfg.workers, jobs, lambda key, result: (done(key, result), advance(1)))
-    _record_costs(ctx, infos, profiles, seeds)
-    _fit_curves(ctx)
+    if distributed.is_main():  # the other ranks lack a resumed run's earlier infos, and write nothing real
+        _record_costs(ctx, infos, profiles, seeds)
+        _fit_curves(ctx)
 
 
 def _infos_path(ctx: RunContext) -> Path:

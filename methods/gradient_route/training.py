@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from icml.cli import distributed
 from icml.methods.gradient_route.model import CORE, forward, lm_loss, param_groups
 
 UNLABELLED = "unlabelled"
@@ -207,7 +208,9 @@ class GroupOptimizers:
     """One AdamW per group (core, each module). After a window only groups with some .grad are
     stepped, clipped to cfg.clip over their union; then every grad is set to None, so an unstepped
     group gets no decay, moment update or step count. single=True is the ablation: one AdamW over all
-    and grads zeroed in place, so decay and momentum also move parameters that got no gradient."""
+    and grads zeroed in place, so decay and momentum also move parameters that got no gradient.
+    Under torchrun the gradients are first averaged over the ranks, a parameter keeping None only where
+    no rank gave it one: "received" is decided on the global batch, alike on every rank."""
 
     def __init__(self, model, cfg, single: bool = False):
         self.cfg = cfg
@@ -219,6 +222,7 @@ class GroupOptimizers:
             self.optimizers = {g: adamw(ps, cfg, cfg.lr) for g, ps in self.groups.items()}
 
     def step(self, lr: float) -> list[str]:
+        distributed.average_gradients(p for ps in self.groups.values() for p in ps)
         received = [g for g, ps in self.groups.items() if any(p.grad is not None for p in ps)]
         params = [p for g in received for p in self.groups[g] if p.grad is not None]
         if params:
@@ -240,16 +244,29 @@ def train_steps(model, steps: list[list[MicroBatch]], cfg, pad_id: int, *, singl
     losses = []
     for t, step in enumerate(steps):
         total = 0.0
-        for mb in step:
-            logits = forward(model, mb.windows[:, :-1], mb.route, mb.frozen)
-            loss = lm_loss(logits, mb.windows[:, 1:], pad_id) / len(step)  # heterogeneous: per micro-batch masks
+        for mb in step:  # torchrun: every rank runs the same route on its slice of the micro-batch
+            loss = rank_loss(model, mb.windows, pad_id, mb.route, mb.frozen) / len(step)  # per micro-batch masks
             loss.backward()
             total += float(loss.detach())
         optimizers.step(wsd_lr(t, len(steps), cfg.lr, cfg.wsd))
-        losses.append(total)
+        losses.append(distributed.mean(total))
         if on_step is not None:
             on_step(t + 1)
     return losses
+
+
+def rank_loss(model, windows: torch.Tensor, pad_id: int, route=None, frozen=()) -> torch.Tensor:
+    """The mean next-token loss of `windows` (a global batch), or under torchrun this rank's part of it:
+    the summed loss of its `shard` ÷ the global batch's target count over the ranks (windows may hold
+    padding, so the ranks' token means would be weighed wrongly), whose mean over the ranks is the
+    global batch's loss."""
+    if not distributed.launched():
+        return lm_loss(forward(model, windows[:, :-1], route, frozen), windows[:, 1:], pad_id)
+    part = distributed.shard(windows)
+    logits = forward(model, part[:, :-1], route, frozen)
+    summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1), ignore_index=pad_id,
+                             reduction="sum")
+    return summed / distributed.sum_divisor((windows[:, 1:] != pad_id).sum().clamp_min(1))
 
 
 @torch.no_grad()
@@ -285,15 +302,17 @@ def maxent_unlearn(model, forget: torch.Tensor, retain_core: torch.Tensor, retai
         if n_aux:
             parts.append(retain_aux[torch.from_numpy(rng.integers(len(retain_aux), size=n_aux))])
         x_r = torch.cat(parts)
-        log_p = F.log_softmax(forward(model, x_f[:, :-1]), dim=-1)
+        # under torchrun: every rank draws the same batches and trains on its equal slice of x_f
+        log_p = F.log_softmax(forward(model, distributed.shard(x_f)[:, :-1]), dim=-1)
         kl_uniform = (log_p.exp() * log_p).sum(-1).mean() + math.log(log_p.shape[-1])  # KL(p‖U) = log V − H(p)
-        retain = lm_loss(forward(model, x_r[:, :-1]), x_r[:, 1:], pad_id)
+        retain = rank_loss(model, x_r, pad_id)
         loss = kl_uniform + m.lambda_ * retain
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(model.parameters())
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(distributed.mean(float(loss.detach())))
     return losses
 
 

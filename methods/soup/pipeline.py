@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save
@@ -106,7 +107,16 @@ def saved(ctx: RunContext, name: str):
     return torch.load(path, weights_only=False) if path.exists() else None
 
 
+def finished(ctx: RunContext, name: str):
+    """`saved` as rank 0's run directory has it, on every rank: under torchrun the other ranks' run
+    directory is a scratch mirror, so what --resume skips, and every unit read back (an ingredient
+    to fine-tune), comes from rank 0. Without torchrun: `saved`."""
+    return distributed.from_main(saved(ctx, name) if distributed.is_main() else None)
+
+
 def save_unit(ctx: RunContext, name: str, payload: dict) -> None:
+    if not distributed.is_main():  # under torchrun every rank holds the same weights; rank 0 writes them
+        return
     path = unit_path(ctx, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_torch_save(payload, path)
@@ -194,7 +204,8 @@ def train(ctx: RunContext) -> None:
 
         # θ₀ and h0 ------------------------------------------------------------------------------
         stock = pretrained_stock(ctx, data, "stock", stock, loaded)
-        stock.save_pretrained(ctx.checkpoints / "hf" / "stock")
+        if distributed.is_main():
+            stock.save_pretrained(ctx.checkpoints / "hf" / "stock")
         encoder = encoder_of(stock)
         head = probe_head(ctx, data, "h0", encoder)
         origin = {"stock": fingerprint(encoder.state_dict())}  # θ₀'s identity, recorded with every unit
@@ -207,7 +218,7 @@ def train(ctx: RunContext) -> None:
         with ctx.progress("SSL ingredients", len(jobs)) as advance:
             for index, (recipe, pool_name) in enumerate(jobs):
                 name = variant_name(recipe.name, pool_name)
-                if saved(ctx, "ssl_" + name) is None:
+                if finished(ctx, "ssl_" + name) is None:
                     started = time.time()
                     pool = data.pool if pool_name == "shift" else data.train.images
                     cooked, curve = cook(recipe, stock, pool, cfg.ssl.steps, cfg.ssl.batch_size, cfg.ssl.lr,
@@ -220,7 +231,8 @@ def train(ctx: RunContext) -> None:
                                + [{"variant": name, "metric": "wall_s", "value": time.time() - started, **tags}],
                                split="train")
                     save_unit(ctx, "ssl_" + name, {"state": cooked.state_dict(), **origin})
-                    cooked.save_pretrained(ctx.checkpoints / "hf" / ("ssl_" + name))
+                    if distributed.is_main():
+                        cooked.save_pretrained(ctx.checkpoints / "hf" / ("ssl_" + name))
                 advance(1)
 
         # fine-tune back ---------------------------------------------------------------------------------
@@ -234,9 +246,9 @@ def train(ctx: RunContext) -> None:
                 fts.append((f"supervised_m{multiplier:g}_s{seed}", None, cfg.ft.lr * multiplier, seed, {}))
         with ctx.progress("fine-tune back (LP-FT from h0)", len(fts)) as advance:
             for name, source, lr, seed_offset, tags in fts:
-                if saved(ctx, name) is None:
+                if finished(ctx, name) is None:
                     started = time.time()
-                    start = encoder if source is None else _encoder_with(encoder, saved(ctx, source)["state"])
+                    start = encoder if source is None else _encoder_with(encoder, finished(ctx, source)["state"])
                     model, curve = fine_tune(start, head, data.train.images, data.train.labels, cfg.ft.steps,
                                              cfg.ft.batch_size, lr, cfg.ft.weight_decay, cfg.ft.warmup_frac,
                                              ctx.seed + seed_offset, ctx.device)
@@ -253,7 +265,7 @@ def train(ctx: RunContext) -> None:
         if cfg.interpolation and cfg.diff_init:
             if loaded:
                 ctx.log("diff_init skipped: the stock comes from --model, so there is no other init to train")
-            elif saved(ctx, "diff_init") is None:
+            elif finished(ctx, "diff_init") is None:
                 started = time.time()
                 other = build_stock(cfg.vit, channels, diff_init_seed(ctx.seed))
                 other = pretrained_stock(ctx, data, "diff_init_stock", other, loaded=False)
@@ -287,7 +299,7 @@ def pretrained_stock(ctx: RunContext, data: Data, unit: str, stock, loaded: bool
     from icml.methods.soup.vit import encoder_of
 
     cfg = ctx.config
-    done = saved(ctx, unit)
+    done = finished(ctx, unit)
     if done is not None:
         stock.load_state_dict(done["state"])
     elif not loaded and cfg.stock.steps > 0:
@@ -312,7 +324,7 @@ def probe_head(ctx: RunContext, data: Data, unit: str, encoder):
     from icml.methods.soup.soups import features_of, fingerprint, fit_probe
 
     cfg = ctx.config
-    done = saved(ctx, unit)
+    done = finished(ctx, unit)
     if done is None:
         train_z = features_of(encoder, data.train.images, ctx.device)
         val_z = features_of(encoder, data.val.images, ctx.device)
@@ -347,7 +359,9 @@ def _encoder_with(encoder, state: dict):
 
 
 def save_classifier(model, folder: Path) -> None:
-    """encoder with save_pretrained, the linear head beside it (head.pt: weight, bias)."""
+    """encoder with save_pretrained, the linear head beside it (head.pt: weight, bias); rank 0 alone."""
+    if not distributed.is_main():
+        return
     import torch
 
     model.encoder.save_pretrained(folder)

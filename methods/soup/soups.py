@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from icml.cli import distributed
 from icml.methods.soup.vit import Classifier, adamw, batches, cls_features, random_affine
 
 
@@ -155,14 +156,15 @@ def fine_tune(encoder: nn.Module, head: nn.Linear, images: torch.Tensor, labels:
     order = batches(len(images), min(batch_size, len(images)), generator)
     for step in range(steps):
         index = next(order)
-        batch = random_affine(images[index].to(device), generator)
-        loss = F.cross_entropy(model(batch), labels[index].to(device))
-        optimizer.zero_grad(set_to_none=True)
+        batch = random_affine(images[index].to(device), generator)  # torchrun: the global batch, then
+        loss = F.cross_entropy(model(distributed.shard(batch)), distributed.shard(labels[index]).to(device))
+        optimizer.zero_grad(set_to_none=True)  # this rank's equal slice of it
         loss.backward()
+        distributed.average_gradients(model.parameters())  # as DDP's; without torchrun nothing
         optimizer.step()
         schedule.step()
         if step % log_every == 0 or step == steps - 1:
-            curve.append((step, float(loss.detach())))
+            curve.append((step, distributed.mean(float(loss.detach()))))
     return model.eval(), curve
 
 

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.methods.soup.config import Recipe
 from icml.methods.soup.vit import (adamw, batches, cls_features, encoder_of, mask_ratio, projector, random_affine,
@@ -87,30 +88,36 @@ def ssl_loss(recipe: Recipe, model, head, images: torch.Tensor, generator: torch
     decoder for mae), `head` the projector g (None for mae). Every algorithm sees augmented views (the
     released code's 3aug for all of them; `mae_augment=False` feeds MAE the raw images, the ablation)."""
     encoder = encoder_of(model)
+    # Under torchrun every rank draws the global batch's views (one random stream), encodes its `shard`
+    # and, where the loss couples rows (MoCo's negatives, MMCR's nuclear norm, SIGReg's statistics),
+    # `gather`s the embeddings, so that every rank computes the global batch's loss. MAE's is a mean
+    # over equal numbers of masked patches per image: each rank's is its share.
+    shard, gather = distributed.shard, distributed.gather
     if recipe.algo == "mae":
         views = ssl_view(images, generator) if mae_augment else images
         patches = encoder.embeddings.patch_embeddings.num_patches
         noise = torch.rand(len(views), patches, generator=generator).to(views.device)
+        views, noise = shard(views), shard(noise)
         with mask_ratio(encoder, recipe.hp("mask")):
             out = model(pixel_values=views, noise=noise)
         return masked_patch_mse(out.logits, model.patchify(views), out.mask)
     if recipe.algo == "lejepa":
-        views = [ssl_view(images, generator) for _ in range(int(recipe.hp("views")))]
-        embeddings = head(cls_features(encoder, torch.cat(views))).view(len(views), len(images), -1)
-        return lejepa_loss(embeddings, recipe.hp("lambda"), step)
-    v1, v2 = ssl_view(images, generator), ssl_view(images, generator)
+        views = [shard(ssl_view(images, generator)) for _ in range(int(recipe.hp("views")))]
+        embeddings = head(cls_features(encoder, torch.cat(views))).view(len(views), len(views[0]), -1)
+        return lejepa_loss(gather(embeddings, dim=1), recipe.hp("lambda"), step)
+    v1, v2 = shard(ssl_view(images, generator)), shard(ssl_view(images, generator))
     if recipe.algo == "mocov3":
         keys = key_encoder if key_encoder is not None else encoder
         with torch.no_grad():  # k = sg(z(v₂)): the keys carry no gradient
-            k2 = cls_features(keys, v2)
-            k1 = cls_features(keys, v1) if moco_symmetric else None
-        loss = mocov3_loss(head(cls_features(encoder, v1)), k2, recipe.hp("tau"))
+            k2 = gather(cls_features(keys, v2))
+            k1 = gather(cls_features(keys, v1)) if moco_symmetric else None
+        loss = mocov3_loss(gather(head(cls_features(encoder, v1))), k2, recipe.hp("tau"))
         if moco_symmetric:
-            loss = loss + mocov3_loss(head(cls_features(encoder, v2)), k1, recipe.hp("tau"))
+            loss = loss + mocov3_loss(gather(head(cls_features(encoder, v2))), k1, recipe.hp("tau"))
         return loss
-    u = head(cls_features(encoder, v1))  # mmcr
+    u = gather(head(cls_features(encoder, v1)))  # mmcr
     with torch.no_grad():
-        w = head(cls_features(encoder, v2))
+        w = gather(head(cls_features(encoder, v2)))
     return mmcr_loss(u, w, local=bool(recipe.hp("local")))
 
 
@@ -137,6 +144,7 @@ def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int,
         loss = ssl_loss(recipe, model, head, images, generator, step, key_encoder, moco_symmetric, mae_augment)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(params)  # torchrun: the global batch's gradient (see ssl_loss)
         optimizer.step()
         schedule.step()
         if key_encoder is not None:
@@ -144,7 +152,7 @@ def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int,
                 for k, q in zip(key_encoder.parameters(), encoder.parameters()):
                     k.mul_(moco_momentum).add_(q.detach(), alpha=1 - moco_momentum)
         if step % log_every == 0 or step == steps - 1:
-            value = float(loss.detach())
+            value = distributed.mean(float(loss.detach()))  # the global batch's: every rank stops alike
             if not math.isfinite(value):
                 raise IcmlError(f"ingredient {recipe.name}: the SSL loss is {value} at step {step}",
                                 "lower the SSL learning rate, e.g. --set ssl.lr=1e-4")
@@ -165,13 +173,15 @@ def pretrain_mae(stock, images: torch.Tensor, steps: int, batch_size: int, lr: f
     for step in range(steps):
         batch = random_affine(images[next(order)].to(device), generator)
         noise = torch.rand(len(batch), patches, generator=generator).to(device)
+        batch, noise = distributed.shard(batch), distributed.shard(noise)  # torchrun: this rank's images
         with mask_ratio(encoder, mask):
             out = model(pixel_values=batch, noise=noise)
         loss = masked_patch_mse(out.logits, model.patchify(batch), out.mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.average_gradients(model.parameters())  # as DDP's; without torchrun nothing
         optimizer.step()
         schedule.step()
         if step % log_every == 0 or step == steps - 1:
-            curve.append((step, float(loss.detach())))
+            curve.append((step, distributed.mean(float(loss.detach()))))
     return model.eval(), curve
