@@ -102,12 +102,26 @@ def lr_at(step: int, total: int, base: float, warmup: int) -> float:
     return base * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW parameter groups as in the DeiT/timm ViT recipe: weight decay on weight matrices and conv kernels
+    only; LayerNorm weights, biases, position embeddings and the CLS token are not decayed (decay would pull the
+    normalisation gains and the position code toward zero, which is not the regulariser the recipe means)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        exempt = param.ndim < 2 or "position_embeddings" in name or "cls_token" in name
+        (no_decay if exempt else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
 def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndarray, cfg: ExplainVitConfig,
                      seed: int, device: str, on_epoch=None, advance=None) -> None:
-    """AdamW (lr 1e-3, wd 0.05), cosine schedule, batch 128, flip augmentation; on_epoch(epoch, loss, acc)."""
+    """AdamW (lr 1e-3, wd 0.05 on weight matrices only), linear warm-up inside the cosine schedule, batch 128,
+    flip augmentation; on_epoch(epoch, loss, acc)."""
     model = classifier.model
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    opt = torch.optim.AdamW(decay_groups(model, cfg.train.weight_decay), lr=cfg.train.lr)
     generator = torch.Generator().manual_seed(seed)
     x_all = torch.from_numpy(images)
     y_all = torch.from_numpy(labels)
