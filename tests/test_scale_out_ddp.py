@@ -101,11 +101,14 @@ def test_data_parallel_weights_equal_a_single_process_run_on_the_global_batch(la
     """Tolerance. Each rank's loss is the mean over its half of the global batch and DDP averages
     the gradients, so in exact arithmetic every update is the single-process one. In float32 the
     gradient sums run in another order (two half-batch sums, then their mean): a few ulps
-    (eps32 = 1.2e-7) relative per step. Adam's normalisation g/(√v + ε) passes that through unchanged
-    except where a gradient is at rounding level (the attention key bias: its exact gradient is 0,
-    softmax being shift-invariant), where the step is lr × noise/(|noise| + ε). Measured after 4 steps:
-    max |Δθ| 1.4e-6 (the c_attn bias), ||Δθ|| / ||θ − θ₀|| 6e-6. Bounds: 1e-5 per entry and 1e-4 of the
-    update's norm, ~10× the measured values; any real defect (no gradient averaging, one rank's
+    (eps32 = 1.2e-7) relative per step, which the optimizers pass through at that size except where a
+    step is a sensitive function of a near-zero gradient (see `assert_updates_agree`). The key third of
+    the attention bias is left out (`_compared`: its exact gradient is 0). Measured after 3 steps,
+    per parameter ||Δθ|| / ||θ − θ₀|| at most 6.7e-6 (AdamS) and 1e-7 (mSGDZ, whose matrices go through
+    Newton–Schulz in bfloat16, which absorbs the float32 differences unless one flips a bf16 rounding:
+    one bf16 ulp, 2⁻⁸ of an entry's step, i.e. ≤ 4e-3 of that parameter's norm), 1.5e-6 for the whole
+    update. Bounds as for the other methods (1e-3 per parameter, 2e-5 of the whole update's norm would
+    be too tight for a bf16 flip: 1e-4 here); any real defect (no gradient averaging, one rank's
     half-batch, a shifted shard) moves the weights by a sizeable fraction of the update itself."""
     from icml.cli.config import apply_overrides
     from icml.methods.spectral_optim.config import preset
@@ -119,11 +122,41 @@ def test_data_parallel_weights_equal_a_single_process_run_on_the_global_batch(la
                        for run in (launches["run"], launches["single"]))
         assert ddp["steps_done"] == single["steps_done"] == 3
         names = [name for name in initial if name in single["model_state"]]
-        delta = torch.cat([(ddp["model_state"][n] - single["model_state"][n]).flatten() for n in names])
-        update = torch.cat([(single["model_state"][n] - initial[n]).flatten() for n in names])
-        assert delta.abs().max().item() <= 1e-5, variant
-        assert (delta.norm() / update.norm()).item() <= 1e-4, variant
+        assert_updates_agree(variant, "spectral-optim", {n: initial[n] for n in names},
+                             {n: single["model_state"][n] for n in names}, {n: ddp["model_state"][n] for n in names},
+                             tensor_bound=1e-3, norm_bound=1e-4)
         assert ddp["final_val_loss"] == pytest.approx(single["final_val_loss"], rel=1e-5)
+
+
+def assert_updates_agree(name: str, method: str, initial: dict, single: dict, ddp: dict, tensor_bound: float,
+                         norm_bound: float, ddp_initial: dict | None = None) -> None:
+    """The data-parallel update (from `ddp_initial`, default `initial`) equals the single-process one:
+    for every parameter, ||Δ|| / ||update|| ≤ tensor_bound, and for the whole model ≤ norm_bound, with
+    Δ the difference of the two updates (entries with a structurally zero gradient left out, `_compared`).
+
+    Why norms per parameter and not a bound on each entry: an Adam-type step g/(√v + ε) is most sensitive
+    to rounding noise η in g where |g| ≈ ε (a gradient that nearly cancels), by lr·η/(4ε), and η is
+    eps32 × the size of the terms that cancel, not of g. So the largest single entry is the tail of a
+    machine's summation order, not a property of the plumbing: gradient-route's MaxEnt (2 steps,
+    lr 1e-3) measured 2.6e-7 on one machine and 2.2e-6 on another, ~1e-3 of its step, and spectral-optim's
+    mSGDZ 7e-7 and 2.5e-5. A defect of the plumbing is not an entry: a parameter left out of the
+    all-reduce, or trained on one rank's rows, steps on another gradient, an O(0.1–1) fraction of its
+    own update; a whole-batch defect moves the whole update likewise (see the wired test's docstring)."""
+    ddp_initial = initial if ddp_initial is None else ddp_initial
+    assert ddp.keys() == single.keys() and single, name
+    deltas, updates = [], []
+    for key in sorted(single):
+        update = _compared(method, key, single[key].float() - initial[key].float())
+        delta = _compared(method, key, ddp[key].float() - ddp_initial[key].float()) - update
+        if update.norm() > 0:
+            assert (delta.norm() / update.norm()).item() <= tensor_bound, (name, key)
+        else:  # a parameter this run never stepped is not stepped under DDP either
+            assert not delta.any(), (name, key)
+        deltas.append(delta)
+        updates.append(update)
+    delta, update = torch.cat(deltas), torch.cat(updates)
+    assert update.norm() > 0, name  # a real update to compare
+    assert (delta.norm() / update.norm()).item() <= norm_bound, name
 
 
 def test_shard_takes_this_ranks_equal_slice(monkeypatch):
@@ -317,15 +350,15 @@ def test_wired_method_writes_its_run_directory_once(wired, method):
     assert (frame["run_id"] == run.name).all()
 
 
-BOUNDS = {"soup": (1e-5, 2e-4)}  # (per entry, of the update's norm); the others: (1e-6, 2e-5). See below.
+BOUNDS = {"soup": (2e-3, 2e-4)}  # (of each parameter's update norm, of the whole); the others: (1e-3, 2e-5). See below.
 
 
 def _compared(method: str, key: str, difference: torch.Tensor) -> torch.Tensor:
-    """The entries of a weight difference that the bounds below hold for. gradient-route's GPT-2 leaves
-    out the key third of each c_attn bias: softmax is shift-invariant, so its exact gradient is 0 and
+    """The entries of a weight difference that the bounds hold for. A GPT-2 (spectral-optim's,
+    gradient-route's) leaves out the key third of each c_attn bias: softmax is shift-invariant, so its exact gradient is 0 and
     AdamW steps it by lr × noise / (|noise| + ε) on rounding noise, which two summation orders draw
     differently (measured: up to 6.4e-6 after 8 steps, where every other entry differs by ≤ 2.6e-7)."""
-    if method == "gradient-route" and key.endswith("attn.c_attn.bias"):
+    if method in ("spectral-optim", "gradient-route") and key.endswith("attn.c_attn.bias"):
         third = difference.shape[0] // 3
         difference = torch.cat([difference[:third], difference[2 * third:]])
     if method == "soup" and key.endswith("k_proj.bias"):  # ViT-MAE's key bias, the same case
@@ -340,20 +373,21 @@ def test_wired_method_trains_as_one_process_on_the_global_batch(wired, method):
     count over the ranks for rl-sgd and kv-compress), so DDP's averaged gradient is, in exact
     arithmetic, the single-process one. In float32 only the order of the gradient sums differs (two
     partial sums, then their mean): a few ulps (eps32 = 1.2e-7) of a gradient per step, which AdamW and
-    SGD pass through at that relative size. Measured after 3 steps: max |Δθ| 3.0e-8 (latent-thought),
-    7.5e-9 (rl-sgd), 2.2e-8 (kv-compress); ||Δθ|| / ||θ − θ₀|| 3.1e-7, 3.0e-7 and 2.5e-6 (kv-compress's
-    update is small: 3 steps of its LR warm-up). gradient-route (its token sums ÷ the global count per
-    micro-batch, gradients averaged once per step; see `_compared` for the entries left out), after 8
-    steps of the baseline, GRAM and FT-LoRA's base, and 2 of MaxEnt and the LoRA: max |Δθ| 2.6e-7
-    (MaxEnt), ||Δθ|| / ||θ − θ₀|| at most 3.2e-6 (MaxEnt: a small update, as kv-compress's). Bounds:
-    1e-6 per entry (≥ 4×) and 2e-5 of the update's norm (≥ 6×). soup (3 steps of each network): its
-    fine-tunes start from h0, a full-batch probe fit on the stock's features on every rank, so the two
-    runs' starts differ as their stocks do (h0 by 5e-6 relative): each run's update is taken from its own
-    start. Measured: the MAE stock, the MAE ingredient and every fine-tune ≤ 2.4e-7 per entry and
-    ≤ 9.6e-6 of the update's norm; the ingredients of the row-coupled losses (MoCo v3, MMCR, LeJEPA,
-    gathered over the ranks) up to 2.9e-6 per entry and 6.9e-5 of the norm, concentrated in a few
+    SGD pass through at that relative size (`assert_updates_agree` says why the check is per parameter,
+    not per entry). Largest ||Δ|| / ||update|| of a parameter, measured after 3 steps: 5.1e-7
+    (latent-thought), 5.0e-6 (rl-sgd), 4.4e-6 (kv-compress, whose update is small: 3 steps of its LR
+    warm-up). gradient-route (its token sums ÷ the global count per micro-batch, gradients averaged once
+    per step; see `_compared` for the entries left out), after 8 steps of the baseline, GRAM and FT-LoRA's
+    base, and 2 of MaxEnt and the LoRA: 7.0e-6 (MaxEnt: a small update, as kv-compress's); the whole
+    update's ratio at most 3.2e-6. Bounds: 1e-3 of a parameter's update and 2e-5 of the whole update's
+    norm (≥ 6×). soup (3 steps of each network): its fine-tunes start from h0, a full-batch probe fit on
+    the stock's features on every rank, so the two runs' starts differ as their stocks do (h0 by 5e-6
+    relative): each run's update is taken from its own start. Measured: the MAE stock, the MAE
+    ingredient and every fine-tune ≤ 5.8e-5 of a parameter and ≤ 9.6e-6 of the whole update; the
+    ingredients of the row-coupled losses (MoCo v3, MMCR, LeJEPA, gathered over the ranks) up to 1.7e-4
+    of a parameter (the attention output projection) and 6.9e-5 of the whole, concentrated in a few
     entries whose gradient is at rounding level (AdamW steps those by a fraction of lr = 3e-4 on noise).
-    Bounds for soup: 1e-5 per entry (3×) and 2e-4 of the norm (3×). A real defect moves the weights by a
+    Bounds for soup: 2e-3 of a parameter (11×) and 2e-4 of the whole (3×). A real defect moves the weights by a
     sizeable fraction of the update (kv-compress with the mean of the ranks' token means instead of
     token sums ÷ the global count: ||Δθ|| / ||θ − θ₀|| = 0.51; soup's contrastive losses per rank, not
     gathered: 0.19–0.79, max |Δθ| ≈ 1e-3). rl-sgd samples each step's rollout from the current weights, so an
@@ -364,15 +398,10 @@ def test_wired_method_trains_as_one_process_on_the_global_batch(wired, method):
     ddp, ddp_initial = _weights(method, run)
     single, initial = _weights(method, wired["single"][method])
     assert ddp.keys() == single.keys() and ddp
+    tensor_bound, norm_bound = BOUNDS.get(method, (1e-3, 2e-5))
     for name in single:  # the updates compared, each from its own run's start (the same, but for soup's)
-        keys = sorted(single[name])
-        update = torch.cat([_compared(method, k, single[name][k].float() - initial[name][k].float()) for k in keys])
-        delta = torch.cat([_compared(method, k, ddp[name][k].float() - ddp_initial[name][k].float()) for k in keys])
-        delta = delta - update
-        entry_bound, norm_bound = BOUNDS.get(method, (1e-6, 2e-5))
-        assert update.norm() > 0, name  # a real update to compare
-        assert delta.abs().max().item() <= entry_bound, name
-        assert (delta.norm() / update.norm()).item() <= norm_bound, name
+        assert_updates_agree(name, method, initial[name], single[name], ddp[name], tensor_bound, norm_bound,
+                             ddp_initial=ddp_initial[name])
     frames = [pd.read_parquet(path / "metrics.parquet") for path in (run, wired["single"][method])]
     logged = [frame[frame["metric"].isin(LOGGED[method])].drop(columns="run_id") for frame in frames]
     tags = [column for column in logged[1].columns if column != "value"]
