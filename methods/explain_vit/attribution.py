@@ -54,7 +54,7 @@ class Warp:
     theta: torch.Tensor  # (B, 2, 3) affine_grid matrices (output → input coordinates)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.where(self.flip[:, None, None, None], x.flip(-1), x)
+        x = torch.where(self.flip.to(x.device)[:, None, None, None], x.flip(-1), x)  # drawn on the CPU stream
         grid = F.affine_grid(self.theta.to(x), list(x.shape), align_corners=False)
         return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 

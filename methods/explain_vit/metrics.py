@@ -161,7 +161,7 @@ def blurred(x: torch.Tensor, blur_kernel: int, blur_sigma: float) -> torch.Tenso
 def order_pixels(maps: torch.Tensor, most_first: bool, generator: torch.Generator) -> torch.Tensor:
     """Pixel ranks by map value; ties broken at random so flat maps are not read in raster order."""
     flat = maps.flatten(1).double()
-    jitter = torch.rand(flat.shape, generator=generator, dtype=torch.float64)
+    jitter = torch.rand(flat.shape, generator=generator, dtype=torch.float64).to(flat.device)  # the CPU stream
     by_jitter = jitter.argsort(1)  # a random permutation; the stable sort by value below keeps it within ties
     order = flat.gather(1, by_jitter).argsort(dim=1, descending=most_first, stable=True)
     return by_jitter.gather(1, order)
@@ -176,7 +176,7 @@ def perturbation_curves(classifier, x: torch.Tensor, targets: torch.Tensor, maps
     order = order_pixels(maps, most_first=(mode != "lerf"), generator=generator)
     counts = np.round(np.linspace(0, max_frac, steps + 1) * h * w).astype(int)
     rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(h * w).expand(b, -1).contiguous())
+    rank.scatter_(1, order, torch.arange(h * w, device=order.device).expand(b, -1).contiguous())
     start, end = (fill, x) if mode == "insertion" else (x, fill)
     changed = rank[:, None, :] < torch.from_numpy(counts).to(rank)[None, :, None]  # (B, steps+1, HW)
     changed = changed.reshape(b, steps + 1, 1, h, w).to(x.dtype)

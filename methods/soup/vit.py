@@ -135,7 +135,7 @@ def ssl_view(images: torch.Tensor, generator: torch.Generator, jitter: float = 0
     None of these is a held-out corruption type."""
     views = random_affine(images, generator)
     n = len(views)
-    choice = torch.randint(0, 3, (n,), generator=generator).view(-1, 1, 1, 1)
+    choice = torch.randint(0, 3, (n,), generator=generator).view(-1, 1, 1, 1).to(views.device)  # the CPU stream
     kernel = torch.tensor([1.0, 2.0, 1.0])
     kernel = (kernel[:, None] * kernel[None, :] / 16).to(views)
     channels = views.shape[1]
@@ -146,7 +146,7 @@ def ssl_view(images: torch.Tensor, generator: torch.Generator, jitter: float = 0
     brightness = 1 + jitter * (2 * torch.rand(n, 1, 1, 1, generator=generator) - 1)
     contrast = 1 + jitter * (2 * torch.rand(n, 1, 1, 1, generator=generator) - 1)
     mean = views.mean(dim=(1, 2, 3), keepdim=True)
-    return (((views - mean) * contrast + mean) * brightness.to(views)).clamp(0, 1)
+    return (((views - mean) * contrast.to(views) + mean) * brightness.to(views)).clamp(0, 1)
 
 
 def batches(n: int, batch_size: int, generator: torch.Generator):
