@@ -26,13 +26,15 @@ from icml.reports.claims import Claim, arm_label, arm_value, verdict
 from icml.reports.stats import T_INTERVAL, t_interval
 from icml.reports.tables import Table, fmt, full_precision
 
-NUMBER = re.compile(r"^\s*([+\-−]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+\-−]?\d+)?)\s*(%?)\s*(?:±.*|\[.*\])?$")
+# A number, then an optional unit or short tag ('%', or a marker such as the R / F of a retained or
+# forgotten dataset), then an optional within-run spread or interval.
+NUMBER = re.compile(r"^\s*([+\-−]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+\-−]?\d+)?)\s*(%|[A-Za-z]{1,2}\b)?\s*(?:±.*|\[.*\])?$")
 MISSING = ("", "–", "-", "nan", "None")
 
 
 def parse_cell(value) -> tuple[float | None, str]:
-    """(number, unit) of a table cell — a float, or a string such as '0.73', '97.8 %', '0.7 ± 0.1' or
-    '0.05 [0.04, 0.06]' (the number; a within-run spread or interval gives way to the one over seeds)
+    """(number, unit) of a table cell — a float, or a string such as '0.73', '97.8 %', '0.58 F', '0.7 ± 0.1'
+    or '0.05 [0.04, 0.06]' (the number; a within-run spread or interval gives way to the one over seeds)
     — or (None, text) for a text cell; missing cells give (nan, '')."""
     if value is None or isinstance(value, bool):
         return (math.nan, "") if value is None else (None, str(value))
@@ -44,7 +46,7 @@ def parse_cell(value) -> tuple[float | None, str]:
     match = NUMBER.match(text)
     if match is None:
         return None, text
-    return float(match.group(1).replace("−", "-")), (" %" if match.group(2) else "")
+    return float(match.group(1).replace("−", "-")), (" " + match.group(2) if match.group(2) else "")
 
 
 def _is_text_column(frame: pd.DataFrame, column) -> bool:
@@ -93,7 +95,8 @@ def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str
             raw = [f.at[i, column] if i is not None and column in f.columns else None
                    for f, i in zip(frames, positions)]
             parsed = [parse_cell(v) for v in raw]
-            if any(number is None for number, _ in parsed):  # text: as is when equal, else per seed
+            tags = {u for number, u in parsed if number is not None and not math.isnan(number)}
+            if any(number is None for number, _ in parsed) or len(tags) > 1:  # text: as is when equal, else per seed
                 texts = [fmt(v) if v is not None else "–" for v in raw]
                 display[column] = texts[0] if len(set(texts)) == 1 else " | ".join(
                     f"s{s}: {t}" for s, t in zip(seeds, texts))

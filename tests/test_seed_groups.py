@@ -52,6 +52,8 @@ def test_cells_parse_numbers_percentages_and_within_run_intervals():
     assert parse_cell("0.0517 [0.049, 0.054]") == (0.0517, "")
     assert parse_cell("1.2e-03") == (0.0012, "")
     assert parse_cell("snapkv") == (None, "snapkv")
+    assert parse_cell("0.58 F") == (0.58, " F")  # a number with a short tag (gradient-route's forgotten set)
+    assert parse_cell("2 seeds") == (None, "2 seeds")  # a word is text, not a tag
     assert parse_cell("[−0.045, −0.005]")[0] is None  # an interval alone is text, not a number
     assert math.isnan(parse_cell("–")[0])
 
@@ -70,6 +72,16 @@ def test_tables_align_rows_by_their_text_keys_and_keep_constant_cells():
     mean, low, high, _, _ = t_interval([0.7, 0.9])
     assert (em["b"]["mean"], em["b"]["ci_low"], em["b"]["ci_high"]) == (mean, low, high)
     assert frame.loc["b", "em"].startswith("0.8 ± ") and table.better == {"em": "higher"}
+
+
+def test_tagged_numbers_aggregate_when_every_seed_has_the_same_tag():
+    seed0 = Table("t", pd.DataFrame({"variant": ["a", "b"], "cr": ["0.5 F", "0.9 R"]}))
+    seed1 = Table("t", pd.DataFrame({"variant": ["a", "b"], "cr": ["0.7 F", "0.8 F"]}))
+    table, cells = aggregate_table("t", [seed0, seed1], [0, 1])
+    frame = table.frame.set_index("variant")
+    assert frame.loc["a", "cr"].startswith("0.6 ± ") and frame.loc["a", "cr"].endswith(" F")
+    assert frame.loc["b", "cr"] == "s0: 0.9 R | s1: 0.8 F"  # tags differ: per seed, as text
+    assert [c["per_seed"] for c in cells] == [[0.5, 0.7]]
 
 
 def test_claim_arms_are_means_of_their_matching_rows():
