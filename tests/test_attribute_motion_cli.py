@@ -196,6 +196,17 @@ def test_bad_config_is_one_line(tmp_path, argv, code, message):
     assert not (tmp_path / "attribute-motion").exists()  # nothing created
 
 
+def test_a_batch_that_does_not_split_over_the_torchrun_ranks_is_one_line(tmp_path, monkeypatch):
+    """Under torchrun each rank pretrains on an equal slice of every batch (the data-parallel weights are
+    pinned in tests/test_scale_out_ddp.py); here two ranks are only pretended, for the config check."""
+    from icml.cli import distributed
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    result = invoke("attribute-motion", "train", "--set", "unet.batch_size=3", "--runs-dir", tmp_path)
+    assert result.code == 2 and "unet.batch_size (3) does not split evenly over 2 torchrun ranks" in result.err
+    assert not (tmp_path / "attribute-motion").exists()  # nothing created
+
+
 def test_bad_data_folder_is_one_line(tmp_path):
     folder = tmp_path / "clips"
     folder.mkdir()

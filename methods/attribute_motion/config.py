@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from icml.cli import distributed
 from icml.data.videos import MOTIONS
 
 SELECTORS = ["motive", "motive_dense", "no_mask", "indep_noise", "no_length_norm", "mean_agg",
@@ -238,6 +239,10 @@ def validate(cfg: AttributeMotionConfig) -> None:
         raise ValueError(f"attr.patch ({cfg.attr.patch}) must divide clips.size ({cfg.clips.size})")
     if not cfg.attr.attr_seeds:
         raise ValueError("attr.attr_seeds needs at least one seed")
+    ranks = distributed.world_size()  # under torchrun each rank pretrains on an equal slice of every batch
+    if cfg.backend == "unet" and not cfg.model and cfg.unet.batch_size % ranks:
+        raise ValueError(f"unet.batch_size ({cfg.unet.batch_size}) does not split evenly over {ranks} torchrun ranks; "
+                         f"use a multiple of {ranks}")
     for key in ("clips.n_pretrain", "clips.n_pool", "clips.n_queries", "clips.n_heldout", "unet.steps",
                 "unet.batch_size", "unet.sample_steps", "attr.dim", "attr.draws", "attr.patch", "attr.chunk", "attr.cos_subset",
                 "finetune.steps", "finetune.batch_size", "eval.n_videos", "eval.evaluator_clips",

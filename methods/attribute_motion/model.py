@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.data.videos import NULL_PROMPT
 
@@ -241,10 +242,16 @@ def fm_loss(space, x0, weight, labels, timesteps, eps) -> torch.Tensor:
 
 
 def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, *, steps: int, batch_size: int,
-             lr: float, label_dropout: float, seed: int, on_step=None) -> list[float]:
+             lr: float, label_dropout: float, seed: int, data_parallel: bool = False, on_step=None) -> list[float]:
     """AdamW on the unmasked FM loss, in the space of `model` (a stacked-frame UNet or a `wan.WanSpace`,
     whose clips are VAE-encoded once). The batch order, t and ε come from `seed` alone, so every
-    fine-tuning arm sees the same random stream and differs only in its clips."""
+    fine-tuning arm sees the same random stream and differs only in its clips.
+
+    `data_parallel` (train's pretraining; eval's fine-tunes run in one process): under torchrun every
+    rank draws the same global batch from that stream and computes the loss of its equal slice
+    (`distributed.shard`); the mean of the ranks' gradients (`distributed.average_gradients`, not a DDP
+    wrapper: the loss goes through `space`, which for Wan is not one module) is the global batch's, and
+    clipping and AdamW then act as in one process. Without torchrun those calls are the identity."""
     space = as_space(model)
     x_all = space.encode(videos)
     w_all = validity_weights(space, valid, videos)
@@ -260,12 +267,18 @@ def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Ten
         y[drop] = NULL_PROMPT
         t = training_scheduler().timesteps[torch.randint(TRAIN_TIMESTEPS, (batch_size,), generator=gen)]
         eps = torch.randn(x0.shape, generator=gen).to(x0.device)
-        loss = fm_loss(space, x0, w, y, t.to(x0.device), eps).mean()
+        t = t.to(x0.device)
+        if data_parallel:  # this rank's rows of the global batch
+            x0, w, y, t, eps = (distributed.shard(part) for part in (x0, w, y, t, eps))
+        loss = fm_loss(space, x0, w, y, t, eps).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if data_parallel:
+            distributed.average_gradients(params)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
+        value = float(loss.detach())
+        losses.append(distributed.mean(value) if data_parallel else value)  # the global batch's, on every rank
         if on_step is not None:
             on_step(step, losses[-1])
     space.model.eval()

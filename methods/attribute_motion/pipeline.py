@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 
@@ -84,8 +85,9 @@ def train(ctx: RunContext) -> None:
     cfg = ctx.config
     with single_thread():
         sets = clip_sets.build(cfg, ctx.seed, staging=ctx.checkpoints / "decoded")
-        ctx.write_table("clips", sets.table)
-        sets.save(ctx.checkpoints / "clips.npz")
+        if distributed.is_main():  # under torchrun every rank renders the same clips; rank 0 writes them
+            ctx.write_table("clips", sets.table)
+            sets.save(ctx.checkpoints / "clips.npz")
         ctx.log(f"clips: { {k: int(v) for k, v in sets.table.groupby('split').size().items()} } ({'user folder' if cfg.data else 'synthetic'})")
 
         if cfg.backend == "wan":  # Motive on a WanPipeline: the given pipeline is the base, read again by eval
@@ -113,12 +115,15 @@ def train(ctx: RunContext) -> None:
                         rows.append({"metric": "loss", "value": loss, "variant": "base", "step": step + 1})
 
                 started = time.perf_counter()
-                train_fm(model, as_tensor(sets.videos[pre]), as_tensor(sets.valid[pre], torch.bool),
-                         as_tensor(sets.labels[pre], torch.long), steps=cfg.unet.steps,
-                         batch_size=cfg.unet.batch_size, lr=cfg.unet.lr, label_dropout=cfg.unet.label_dropout,
-                         seed=seed_of(ctx.seed, 2), on_step=on_step)
+                with distributed.ranks_stop_together():  # torchrun: data-parallel, a failing rank stops all
+                    train_fm(model, as_tensor(sets.videos[pre]), as_tensor(sets.valid[pre], torch.bool),
+                             as_tensor(sets.labels[pre], torch.long), steps=cfg.unet.steps,
+                             batch_size=cfg.unet.batch_size, lr=cfg.unet.lr, label_dropout=cfg.unet.label_dropout,
+                             seed=seed_of(ctx.seed, 2), data_parallel=True, on_step=on_step)
             ctx.record(rows, split="train")
             ctx.log(f"pretrain loss {rows[-1]['value']:.4f} in {time.perf_counter() - started:.0f} s")
+        if not distributed.is_main():  # every rank holds the same base; rank 0 writes it and the evaluators
+            return
         if model is not None:
             save_pipeline(model, base_dir(ctx.run.path))
 
