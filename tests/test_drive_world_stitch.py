@@ -131,3 +131,53 @@ def test_outpainting_context_is_the_map_behind_the_partition_line():
     assert t["lane_mask"].sum() == 4 and t["fixed_lanes"].sum() == 1 and t["fixed_lanes"][0]
     assert t["agent_mask"].sum() == 3 and t["fixed_agents"].sum() == 1 and t["label"] == 1
     assert np.array_equal(t["lanes"][0], pieces[0].astype(np.float32)) and not t["lanes"][1:].any()
+
+
+def test_a_spawn_overlapping_a_present_vehicle_is_rejected_but_not_one_in_the_next_lane():
+    ego = np.array([[10.0, 5.0, 0.3, 4.5, 1.9]])
+    fwd, left = np.array([np.cos(0.3), np.sin(0.3)]), np.array([-np.sin(0.3), np.cos(0.3)])
+
+    def at(along, lateral, heading=0.3):
+        return np.array([*(ego[0, :2] + along * fwd + lateral * left), heading, 4.5, 1.9])
+    assert rollout.overlaps(at(0, 0), ego) and rollout.overlaps(at(0, 0, 0.3 + np.pi), ego)  # on the ego
+    # the same lane: body circles 0.4·4.5 m from each centre, the test's distance 1.9·2/√3.8, 1 m clearance
+    reach = 2 * 0.4 * 4.5 + 2 * 1.9 / np.sqrt(3.8) + rollout.SPAWN_CLEARANCE_M
+    assert rollout.overlaps(at(reach - 1e-6, 0), ego) and not rollout.overlaps(at(reach + 1e-6, 0), ego)
+    assert not rollout.overlaps(at(0, 3.5), ego)  # side by side in the next lane
+    assert rollout.overlaps(at(0, 3.5), np.vstack([ego, at(0.5, 3.0)]))  # … unless another vehicle is there
+
+
+def test_idm_follows_only_agents_driving_the_same_way():
+    me = np.array([0.0, 0.0, 0.0, 10.0])
+    ahead = np.array([[12.0, 0.5, 0.2, 5.0]])  # same direction, 12 m ahead
+    assert abs(rollout._gap(me, ahead) - (12.0 - 4.5)) <= 8 * EPS
+    for heading in (np.pi, -np.pi / 2, 1.1):  # oncoming, crossing, circling past 60°
+        assert rollout._gap(me, np.array([[12.0, 0.5, heading, 5.0]])) == 100.0
+    assert rollout._gap(me, np.array([[-6.0, 0.0, 0.0, 5.0], [12.0, 2.5, 0.0, 5.0]])) == 100.0  # behind; next lane
+
+
+def test_a_fallback_tile_adds_only_the_fallback_lane_and_agents_off_every_lane_are_not_spawned():
+    cfg = config.preset("smoke")
+    cfg.rollout.km, cfg.rollout.max_steps = 0.15, 400
+    moving = np.stack([np.linspace(-1, 1, 6), np.zeros(6)], 1).reshape(-1)  # a straight 12 m of history
+
+    def crossing_road(k, origin, pieces, rows):
+        """A generated road at 90° to the route (no lane to stitch onto), an agent 20 m beside the route on that
+        road (off every lane the map keeps) and one 6 m ahead on the route's continuation."""
+        t = tile([[[10, -30], [10, 30]], [[12, 30], [12, -30]]], [False, False])
+        agents = np.array([[10, 20, 8, 0, 1, 4.5, 1.9], [6, 0, 8, 1, 0, 4.5, 1.9]], float)
+        return dict(t, agents=agents, motion=np.stack([moving, moving]), agent_mask=np.ones(2, bool),
+                    fixed_agents=np.zeros(2, bool))
+
+    res = rollout.run_rollout(5, "idm", None, None, "warm", cfg, crossing_road)
+    sources = [stitching.SOURCES[i] for i in res["lane_source"]]
+    assert res["end_reason"] == "distance" and res["stitch_fallback_rate"] == 1 and res["n_tiles"] >= 4
+    assert "generated" not in sources and sources.count("fallback") == res["n_tiles"]
+    assert 1 <= res["spawned"] <= res["n_tiles"]  # at most the on-route agent of each tile
+    boxes = res["spawned_boxes"]
+    lanes = stitching.LaneMap()
+    for poly in res["lanes"]:
+        lanes.add(poly, "seed")
+    assert not lanes.offroad(boxes[:, :2]).any()  # every spawned agent on a lane the map keeps
+    local = np.array([to_frame(b[None, :2], o)[0] for b, o in zip(boxes, res["tiles"])])
+    assert np.abs(local[:, 1]).max() <= 1e-9 and np.allclose(local[:, 0], 6.0, atol=1e-9)

@@ -151,11 +151,13 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
             pieces, rows = stitching.context(lanes, others, origin, cfg.data)
             tile = outpaint(n_tiles, origin, pieces, rows)
             st = stitching.stitch(route, tile, origin, rc, cfg.data.tile_m)
-            for poly in st.lanes:
-                lanes.add(poly, "generated")
-            if st.fallback:
+            if st.fallback:  # the generated lanes do not join the route: they would be a second, unconnected
+                # road across it (agents snapped onto it meet the ego's traffic head-on), so only the fallback joins
                 lanes.add(np.vstack([route[-1:], st.route]), "fallback")
                 n_fallback += 1
+            else:
+                for poly in st.lanes:
+                    lanes.add(poly, "generated")
             gaps += st.gaps
             route = np.vstack([route, st.route])
             origins.append(origin)
@@ -165,9 +167,16 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 if len(npcs) >= rc.agents:
                     break
                 pose = np.array([*from_frame(a[:2], origin), origin[2] + np.arctan2(a[4], a[3])])
-                pose = lanes.snap(pose)
+                snapped = lanes.snap(pose)
+                if np.linalg.norm(snapped[:2] - pose[:2]) > SNAP_MAX_M:
+                    continue  # no lane of compatible heading near it: the agent has no road to drive on
+                pose = snapped
                 speed, static = float(max(a[2], 0.0)), bool(evaluation.is_static(code[None])[0])
                 length, width = float(np.clip(a[5], 3.5, 6)), float(np.clip(a[6], 1.6, 2.3))
+                present = [[*ego["pose"], ego["length"], ego["width"]]] + [[*n["hist"][-1][:3], n["length"], n["width"]]
+                                                                          for n in npcs]
+                if overlaps(np.array([*pose, length, width]), np.array(present)):
+                    continue  # snapping can put agents on the ego or on top of each other: such a spawn is dropped
                 if start_mode == "warm":
                     hist = deltasim.pseudo_history(code, static, pose, speed, cfg.sim.history)
                 else:
@@ -256,6 +265,22 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 tiles=np.asarray(origins).reshape(-1, 3), spawned_boxes=np.asarray(spawned_boxes).reshape(-1, 5))
 
 
+SNAP_MAX_M = 3.5  # [S] one lane width: an agent is spawned only on a lane of compatible heading this near
+SPAWN_CLEARANCE_M = 1.0  # [S] a spawned vehicle keeps this much beyond the collision test's distance
+
+
+def overlaps(box: np.ndarray, present: np.ndarray) -> bool:
+    """Would a vehicle spawned as box [x, y, ψ, length, width] come within SPAWN_CLEARANCE_M of the collision
+    test's distance ((w_j + w_k)/√3.8 between the 5 body circles, `evaluation.colliding`) of any `present`
+    vehicle (n, 5)? The margin is added to the distance, not to the widths: a vehicle in the next lane (3.5 m
+    beside it) does not overlap."""
+    rows = np.vstack([box, present])
+    a = np.column_stack([rows[:, :2], np.zeros(len(rows)), np.cos(rows[:, 2]), np.sin(rows[:, 2]), rows[:, 3:5]])
+    circles = evaluation.box_circles(a)
+    d = np.linalg.norm(circles[0, :, None, None] - circles[None, 1:], axis=-1).min((0, 2))  # (n,)
+    return bool((d < (a[0, 6] + a[1:, 6]) / np.sqrt(3.8) + SPAWN_CLEARANCE_M).any())
+
+
 def _ahead(s, states):
     fwd = np.array([np.cos(s[2]), np.sin(s[2])])
     rel = states[:, :2] - s[:2]
@@ -265,8 +290,11 @@ def _ahead(s, states):
 
 
 def _gap(s, states) -> float:
+    """IDM's gap to the nearest leader: an agent ahead in the lane (lateral < 2 m) driving the same way (heading
+    within 60°); an oncoming or crossing agent is not followed (a collision with it is counted, not avoided by
+    stopping: stopping for it would end the rollout there)."""
     along, lat = _ahead(s, states)
-    mask = (along > 0.5) & (lat < 2.0)
+    mask = (along > 0.5) & (lat < 2.0) & (np.cos(states[:, 2] - s[2]) > 0.5)
     return float(along[mask].min() - 4.5) if mask.any() else 100.0
 
 
