@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from icml.methods.drive_world import config, rollout, stitching
+from icml.methods.drive_world import config, evaluation, rollout, stitching
 from icml.methods.drive_world.world import build_world, resample, to_frame
 
 EPS = np.finfo(np.float64).eps
@@ -181,3 +181,38 @@ def test_a_fallback_tile_adds_only_the_fallback_lane_and_agents_off_every_lane_a
     assert not lanes.offroad(boxes[:, :2]).any()  # every spawned agent on a lane the map keeps
     local = np.array([to_frame(b[None, :2], o)[0] for b, o in zip(boxes, res["tiles"])])
     assert np.abs(local[:, 1]).max() <= 1e-9 and np.allclose(local[:, 0], 6.0, atol=1e-9)
+
+
+def test_parked_vehicles_stand_at_the_curb_and_nobody_queues_behind_them():
+    from icml.methods.drive_world.world import CURB_GAP_M, LANE_W, step_agents
+    at_rest = moving = 0
+    for w in range(4):
+        world = build_world(300, np.random.default_rng([0, 7, w]), n_agents=16)
+        pts = np.concatenate(world.lanes)
+        for a in world.agents:
+            if a["parked"]:  # beside its direction's outermost lane, on the right: every lane farther than that
+                d = np.linalg.norm(pts - a["pose"][:2], axis=1).min()
+                assert abs(d - (LANE_W / 2 + a["width"] / 2 + CURB_GAP_M)) <= 64 * EPS * 300
+                assert a["route"][1] == max(k for dd, k in world.routes if dd == a["route"][0])
+        for _ in range(40):
+            step_agents(world.agents, world.routes)
+        v = np.array([[h[3] for h in a["history"][10:]] for a in world.agents if not a["parked"]])
+        at_rest, moving = at_rest + int((v < 0.5).sum()), moving + v.size
+    assert at_rest / moving < 0.01  # in-lane parking left 9 % of the moving agents' steps at rest (queued for good)
+
+
+def test_a_decoded_parked_agent_is_spawned_at_the_curb_and_the_ego_drives_past_it():
+    from icml.methods.drive_world.world import CURB_GAP_M, LANE_W
+    cfg = config.preset("smoke")
+    cfg.rollout.km, cfg.rollout.max_steps = 0.15, 400
+
+    def parked_on_the_route(k, origin, pieces, rows):
+        t = tile([[[10, -30], [10, 30]]], [False])  # nothing to stitch onto: the straight fallback continues the route
+        return dict(t, agents=np.array([[6, 0, 0, 1, 0, 4.5, 2.0]]), motion=evaluation.STATIC_CODE[None],
+                    agent_mask=np.ones(1, bool), fixed_agents=np.zeros(1, bool))
+
+    res = rollout.run_rollout(5, "idm", None, None, "warm", cfg, parked_on_the_route)
+    assert res["end_reason"] == "distance" and res["spawned"] >= 3 and res["offroad_rate"] == 0.0
+    for path, origin in zip(res["npc_paths"], res["tiles"]):
+        local = to_frame(path[:, :2], origin)  # right of the route, just off its lane, and it never moves
+        assert np.abs(local - [6.0, -(LANE_W / 2 + 1.0 + CURB_GAP_M)]).max() <= 1e-9

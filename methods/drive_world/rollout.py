@@ -8,7 +8,7 @@ from scipy.spatial import cKDTree
 
 from . import deltasim, evaluation, stitching
 from .stitching import LaneMap, from_frame
-from .world import DT, World, bicycle, build_world, idm_accel, pure_pursuit, resample, to_frame
+from .world import DT, World, bicycle, build_world, curb_pose, idm_accel, pure_pursuit, resample, to_frame
 
 N_LANES_FEAT = 4
 
@@ -170,9 +170,9 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 snapped = lanes.snap(pose)
                 if np.linalg.norm(snapped[:2] - pose[:2]) > SNAP_MAX_M:
                     continue  # no lane of compatible heading near it: the agent has no road to drive on
-                pose = snapped
                 speed, static = float(max(a[2], 0.0)), bool(evaluation.is_static(code[None])[0])
                 length, width = float(np.clip(a[5], 3.5, 6)), float(np.clip(a[6], 1.6, 2.3))
+                pose = curb_pose(snapped, width) if static else snapped  # parked beside the lane, as in the data
                 present = [[*ego["pose"], ego["length"], ego["width"]]] + [[*n["hist"][-1][:3], n["length"], n["width"]]
                                                                           for n in npcs]
                 if overlaps(np.array([*pose, length, width]), np.array(present)):
@@ -184,7 +184,7 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 # the history's last acceleration is where the jerk of the first executed step starts from
                 acc = [(hist[-1, 3] - hist[-2, 3]) / DT] if len(hist) > 1 else []
                 npcs.append(dict(hist=list(hist), length=length, width=width, id=serial, age=0, acc=acc,
-                                 start=len(hist) - 1))
+                                 start=len(hist) - 1, parked=static))
                 ever.append(npcs[-1])
                 spawned_boxes.append([*pose, length, width])
                 serial += 1
@@ -196,6 +196,9 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 actions = []
                 for n in npcs:
                     s = np.asarray(n["hist"][-1])
+                    if n["parked"]:  # as in the logged traffic: a parked vehicle stays
+                        actions.append(np.zeros(3))
+                        continue
                     pose, v = bicycle(s[:3], s[3], pure_pursuit(s[:3], s[3], lanes.follow(s[:3])),
                                       idm_accel(s[3], _gap(s, states), 0, 10.0))
                     actions.append(body_delta(s[:3], pose))
@@ -220,7 +223,8 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 n["hist"].append(np.array([*pose, v]))
                 n["age"] += 1
             new = np.array([n["hist"][-1] for n in npcs])
-            steps["off"] += list(lanes.offroad(new[:, :2]))
+            # parked vehicles stand beside the lane by construction: off-road counts the moving ones
+            steps["off"] += [off for n, off in zip(npcs, lanes.offroad(new[:, :2])) if not n["parked"]]
             steps["ttc"] += [_ttc(s, np.vstack([new, states[-1:]])) < 1.5 for s in new]
             boxes = np.array([[*h[:2], h[3], np.cos(h[2]), np.sin(h[2]), n["length"], n["width"]]
                               for h, n in zip(new, npcs)])
