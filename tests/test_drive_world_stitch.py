@@ -174,6 +174,7 @@ def test_a_fallback_tile_adds_only_the_fallback_lane_and_agents_off_every_lane_a
     assert res["end_reason"] == "distance" and res["stitch_fallback_rate"] == 1 and res["n_tiles"] >= 4
     assert "generated" not in sources and sources.count("fallback") == res["n_tiles"]
     assert 1 <= res["spawned"] <= res["n_tiles"]  # at most the on-route agent of each tile
+    assert res["offroad_rate"] == 0.0  # NPCs ahead of the route end (no road outpainted there yet) are not counted
     boxes = res["spawned_boxes"]
     lanes = stitching.LaneMap()
     for poly in res["lanes"]:
@@ -216,3 +217,40 @@ def test_a_decoded_parked_agent_is_spawned_at_the_curb_and_the_ego_drives_past_i
     for path, origin in zip(res["npc_paths"], res["tiles"]):
         local = to_frame(path[:, :2], origin)  # right of the route, just off its lane, and it never moves
         assert np.abs(local - [6.0, -(LANE_W / 2 + 1.0 + CURB_GAP_M)]).max() <= 1e-9
+
+
+def test_spawn_pose_snaps_to_a_lane_of_compatible_heading_parks_static_agents_at_its_curb_or_rejects():
+    from icml.methods.drive_world.world import CURB_GAP_M, LANE_W
+    lanes = stitching.LaneMap()
+    lanes.add(np.array([[0.0, 0.0], [20.0, 0.0]]), "fallback")
+    tol = 64 * EPS * 20
+    assert np.abs(rollout.spawn_pose(lanes, np.array([5.0, 1.0, 0.2]), 2.0, False) - [5, 0, 0]).max() <= tol
+    curb = rollout.spawn_pose(lanes, np.array([5.0, -2.5, 0.2]), 2.0, True)
+    assert np.abs(curb - [5, -(LANE_W / 2 + 1.0 + CURB_GAP_M), 0]).max() <= tol  # parked on the right, off the lane
+    assert rollout.spawn_pose(lanes, np.array([5.0, 1.0, np.pi]), 2.0, False) is None  # oncoming: not turned round
+    assert rollout.spawn_pose(lanes, np.array([5.0, rollout.SNAP_MAX_M + 0.01, 0.0]), 2.0, False) is None  # no road
+    assert rollout.spawn_pose(lanes, np.array([5.0, rollout.SNAP_MAX_M - 0.01, 0.0]), 2.0, False) is not None
+
+
+def test_context_latents_depend_only_on_the_fixed_nodes():
+    import torch
+
+    from icml.methods.drive_world import pipeline
+    cfg = config.preset("smoke")
+    torch.manual_seed(0)
+    vae = pipeline.build_vae(cfg).eval()
+    pieces = [resample(np.array([[-30.0, -1.75], [0.0, -1.75]]), 10), resample(np.array([[0.0, 1.75], [-30, 1.75]]), 10)]
+    rows = [(np.array([-8.0, -1.75, 9.0, 1.0, 0.0, 4.5, 1.9]), np.linspace(-1, 1, 12), False)]
+
+    def fixed_latents(n_new_lanes, n_new_agents, garbage):
+        t = stitching.context_tile(pieces, rows, n_new_lanes, n_new_agents, 1, cfg.data)
+        if garbage:  # what the free slots hold must not matter: the sampler overwrites them
+            rng = np.random.default_rng(1)
+            t["lanes"][2:] = rng.normal(0, 20, t["lanes"][2:].shape)
+            t["agents"][1:] = rng.normal(0, 5, t["agents"][1:].shape)
+        ml, ma = pipeline.context_latents(vae, {k: np.asarray(v)[None] for k, v in t.items()}, cfg.data.tile_m / 2)
+        return ml[0, :2], ma[0, :1]
+    ref_l, ref_a = fixed_latents(3, 2, False)
+    for n_l, n_a, garbage in ((3, 2, True), (7, 5, False), (1, 0, True)):
+        ml, ma = fixed_latents(n_l, n_a, garbage)
+        assert torch.equal(ml, ref_l) and torch.equal(ma, ref_a)

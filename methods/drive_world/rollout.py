@@ -167,12 +167,11 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 if len(npcs) >= rc.agents:
                     break
                 pose = np.array([*from_frame(a[:2], origin), origin[2] + np.arctan2(a[4], a[3])])
-                snapped = lanes.snap(pose)
-                if np.linalg.norm(snapped[:2] - pose[:2]) > SNAP_MAX_M:
-                    continue  # no lane of compatible heading near it: the agent has no road to drive on
                 speed, static = float(max(a[2], 0.0)), bool(evaluation.is_static(code[None])[0])
                 length, width = float(np.clip(a[5], 3.5, 6)), float(np.clip(a[6], 1.6, 2.3))
-                pose = curb_pose(snapped, width) if static else snapped  # parked beside the lane, as in the data
+                pose = spawn_pose(lanes, pose, width, static)
+                if pose is None:
+                    continue
                 present = [[*ego["pose"], ego["length"], ego["width"]]] + [[*n["hist"][-1][:3], n["length"], n["width"]]
                                                                           for n in npcs]
                 if overlaps(np.array([*pose, length, width]), np.array(present)):
@@ -223,8 +222,11 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 n["hist"].append(np.array([*pose, v]))
                 n["age"] += 1
             new = np.array([n["hist"][-1] for n in npcs])
-            # parked vehicles stand beside the lane by construction: off-road counts the moving ones
-            steps["off"] += [off for n, off in zip(npcs, lanes.offroad(new[:, :2])) if not n["parked"]]
+            # off-road counts the moving NPCs behind the frontier: parked ones stand beside the lane by construction,
+            # and past the route end (where the next tile's new half begins) no road has been outpainted yet
+            d = route[-1] - route[-2]
+            mapped = to_frame(new[:, :2], np.array([*route[-1], np.arctan2(d[1], d[0])]))[:, 0] <= 0
+            steps["off"] += [off for n, off, m in zip(npcs, lanes.offroad(new[:, :2]), mapped) if m and not n["parked"]]
             steps["ttc"] += [_ttc(s, np.vstack([new, states[-1:]])) < 1.5 for s in new]
             boxes = np.array([[*h[:2], h[3], np.cos(h[2]), np.sin(h[2]), n["length"], n["width"]]
                               for h, n in zip(new, npcs)])
@@ -270,6 +272,17 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
 
 
 SNAP_MAX_M = 3.5  # [S] one lane width: an agent is spawned only on a lane of compatible heading this near
+
+
+def spawn_pose(lanes: LaneMap, pose: np.ndarray, width: float, static: bool) -> np.ndarray | None:
+    """Where a generated agent decoded at `pose` (world) is spawned: on the nearest lane point of compatible heading
+    (within 90°), with the lane's heading, parked at that lane's curb when static (as in the data); None when that
+    point is > SNAP_MAX_M away or no lane has a compatible heading (the agent has no road to drive on: it is not
+    turned round onto a lane of the other direction)."""
+    snapped = lanes.snap(pose)
+    if np.linalg.norm(snapped[:2] - pose[:2]) > SNAP_MAX_M or np.cos(snapped[2] - pose[2]) < 0:
+        return None
+    return curb_pose(snapped, width) if static else snapped
 SPAWN_CLEARANCE_M = 1.0  # [S] a spawned vehicle keeps this much beyond the collision test's distance
 
 
