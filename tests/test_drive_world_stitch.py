@@ -54,12 +54,22 @@ def test_gap_is_measured_and_incompatible_lanes_take_the_straight_fallback():
     t = tile([[[0.3, 0.4], [20, 0.4]]], [False])
     st = stitching.stitch(route_to(ORIGIN), t, ORIGIN, rc(), 64.0)
     assert not st.fallback and abs(st.gaps[0] - 0.5) <= 4 * EPS
-    for lanes in ([[[1.2, 0], [20, 0]]], [[[0, 0], [0, 20]]], [[[0, 0], [0.5, 0]]]):  # too far, 90°, shorter than 1 m
+    hairpin = [[[0, 0], [10, 0], [4, 1]]]  # starts at the route end, along it, then turns back on itself
+    for lanes in ([[[1.2, 0], [20, 0]]], [[[0, 0], [0, 20]]], [[[0, 0], [0.5, 0]]], hairpin):  # too far, 90°, < 1 m
         st = stitching.stitch(route_to(ORIGIN), tile(lanes, [False]), ORIGIN, rc(), 64.0)
         assert st.fallback and st.gaps == []
         local = to_frame(st.route, ORIGIN)  # a straight lane of tile_m / 2 along the route-end heading
         assert np.abs(local[:, 1]).max() <= 64 * EPS * 200 and abs(local[-1, 0] - 32) <= 64 * EPS * 200
         assert np.linalg.norm(np.diff(np.vstack([ORIGIN[None, :2], st.route]), axis=0), axis=1).max() <= 1 + 1e-12
+
+
+def test_drivable_lanes_turn_at_most_45_degrees_between_segments():
+    arc = np.stack([20 * np.sin(np.linspace(0, 1.2, 10)), 20 * (1 - np.cos(np.linspace(0, 1.2, 10)))], 1)  # R 20 m
+    assert stitching.drivable(arc) and stitching.drivable(np.array([[0.0, 0], [0, 0], [5, 0]]))  # repeated point
+    step = np.radians(stitching.MAX_TURN_DEG)
+    for turn, ok in ((step - 1e-6, True), (step + 1e-6, False)):
+        poly = np.array([[0.0, 0.0], [5.0, 0.0], [5 + 5 * np.cos(turn), 5 * np.sin(turn)]])
+        assert stitching.drivable(poly) is ok
 
 
 def test_densify_keeps_every_vertex_and_spaces_at_most_1m():
