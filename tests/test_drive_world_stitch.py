@@ -249,7 +249,8 @@ def test_context_latents_depend_only_on_the_fixed_nodes():
     cfg = config.preset("smoke")
     torch.manual_seed(0)
     vae = pipeline.build_vae(cfg).eval()
-    pieces = [resample(np.array([[-30.0, -1.75], [0.0, -1.75]]), 10), resample(np.array([[0.0, 1.75], [-30, 1.75]]), 10)]
+    pieces = [resample(np.array([[-30.0, -1.75], [0.0, -1.75]]), 10),
+              resample(np.array([[0.0, 1.75], [-30.0, 1.75]]), 10)]
     rows = [(np.array([-8.0, -1.75, 9.0, 1.0, 0.0, 4.5, 1.9]), np.linspace(-1, 1, 12), False)]
 
     def fixed_latents(n_new_lanes, n_new_agents, garbage):

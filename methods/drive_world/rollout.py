@@ -283,6 +283,8 @@ def spawn_pose(lanes: LaneMap, pose: np.ndarray, width: float, static: bool) -> 
     if np.linalg.norm(snapped[:2] - pose[:2]) > SNAP_MAX_M or np.cos(snapped[2] - pose[2]) < 0:
         return None
     return curb_pose(snapped, width) if static else snapped
+
+
 SPAWN_CLEARANCE_M = 1.0  # [S] a spawned vehicle keeps this much beyond the collision test's distance
 
 

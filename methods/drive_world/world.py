@@ -122,7 +122,7 @@ def spawn_agents(routes, rng, n, parked_frac, history_s) -> list[dict]:
         length, width = rng.uniform(4, 5), rng.uniform(1.8, 2.1)
         if parked:
             key = (key[0], outermost[key[0]])
-            pose = curb_pose(routes[key][min(i, len(routes[key]) - 1)], width)
+            pose = curb_pose(routes[key][i], width)  # every route has the centreline's length
         else:
             pose = line[i].copy()
         agents.append(dict(route=key, pose=pose, v=v0, v0=max(v0, 1.0), parked=parked, length=length, width=width,
