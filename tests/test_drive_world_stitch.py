@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from icml.methods.drive_world import config, rollout, stitching
+from icml.methods.drive_world import config, evaluation, rollout, stitching
 from icml.methods.drive_world.world import build_world, resample, to_frame
 
 EPS = np.finfo(np.float64).eps
@@ -54,12 +54,22 @@ def test_gap_is_measured_and_incompatible_lanes_take_the_straight_fallback():
     t = tile([[[0.3, 0.4], [20, 0.4]]], [False])
     st = stitching.stitch(route_to(ORIGIN), t, ORIGIN, rc(), 64.0)
     assert not st.fallback and abs(st.gaps[0] - 0.5) <= 4 * EPS
-    for lanes in ([[[1.2, 0], [20, 0]]], [[[0, 0], [0, 20]]], [[[0, 0], [0.5, 0]]]):  # too far, 90°, shorter than 1 m
+    hairpin = [[[0, 0], [10, 0], [4, 1]]]  # starts at the route end, along it, then turns back on itself
+    for lanes in ([[[1.2, 0], [20, 0]]], [[[0, 0], [0, 20]]], [[[0, 0], [0.5, 0]]], hairpin):  # too far, 90°, < 1 m
         st = stitching.stitch(route_to(ORIGIN), tile(lanes, [False]), ORIGIN, rc(), 64.0)
         assert st.fallback and st.gaps == []
         local = to_frame(st.route, ORIGIN)  # a straight lane of tile_m / 2 along the route-end heading
         assert np.abs(local[:, 1]).max() <= 64 * EPS * 200 and abs(local[-1, 0] - 32) <= 64 * EPS * 200
         assert np.linalg.norm(np.diff(np.vstack([ORIGIN[None, :2], st.route]), axis=0), axis=1).max() <= 1 + 1e-12
+
+
+def test_drivable_lanes_turn_at_most_45_degrees_between_segments():
+    arc = np.stack([20 * np.sin(np.linspace(0, 1.2, 10)), 20 * (1 - np.cos(np.linspace(0, 1.2, 10)))], 1)  # R 20 m
+    assert stitching.drivable(arc) and stitching.drivable(np.array([[0.0, 0], [0, 0], [5, 0]]))  # repeated point
+    step = np.radians(stitching.MAX_TURN_DEG)
+    for turn, ok in ((step - 1e-6, True), (step + 1e-6, False)):
+        poly = np.array([[0.0, 0.0], [5.0, 0.0], [5 + 5 * np.cos(turn), 5 * np.sin(turn)]])
+        assert stitching.drivable(poly) is ok
 
 
 def test_densify_keeps_every_vertex_and_spaces_at_most_1m():
@@ -131,3 +141,127 @@ def test_outpainting_context_is_the_map_behind_the_partition_line():
     assert t["lane_mask"].sum() == 4 and t["fixed_lanes"].sum() == 1 and t["fixed_lanes"][0]
     assert t["agent_mask"].sum() == 3 and t["fixed_agents"].sum() == 1 and t["label"] == 1
     assert np.array_equal(t["lanes"][0], pieces[0].astype(np.float32)) and not t["lanes"][1:].any()
+
+
+def test_a_spawn_overlapping_a_present_vehicle_is_rejected_but_not_one_in_the_next_lane():
+    ego = np.array([[10.0, 5.0, 0.3, 4.5, 1.9]])
+    fwd, left = np.array([np.cos(0.3), np.sin(0.3)]), np.array([-np.sin(0.3), np.cos(0.3)])
+
+    def at(along, lateral, heading=0.3):
+        return np.array([*(ego[0, :2] + along * fwd + lateral * left), heading, 4.5, 1.9])
+    assert rollout.overlaps(at(0, 0), ego) and rollout.overlaps(at(0, 0, 0.3 + np.pi), ego)  # on the ego
+    # the same lane: body circles 0.4·4.5 m from each centre, the test's distance 1.9·2/√3.8, 1 m clearance
+    reach = 2 * 0.4 * 4.5 + 2 * 1.9 / np.sqrt(3.8) + rollout.SPAWN_CLEARANCE_M
+    assert rollout.overlaps(at(reach - 1e-6, 0), ego) and not rollout.overlaps(at(reach + 1e-6, 0), ego)
+    assert not rollout.overlaps(at(0, 3.5), ego)  # side by side in the next lane
+    assert rollout.overlaps(at(0, 3.5), np.vstack([ego, at(0.5, 3.0)]))  # … unless another vehicle is there
+
+
+def test_idm_follows_only_agents_driving_the_same_way():
+    me = np.array([0.0, 0.0, 0.0, 10.0])
+    ahead = np.array([[12.0, 0.5, 0.2, 5.0]])  # same direction, 12 m ahead
+    assert abs(rollout._gap(me, ahead) - (12.0 - 4.5)) <= 8 * EPS
+    for heading in (np.pi, -np.pi / 2, 1.1):  # oncoming, crossing, circling past 60°
+        assert rollout._gap(me, np.array([[12.0, 0.5, heading, 5.0]])) == 100.0
+    assert rollout._gap(me, np.array([[-6.0, 0.0, 0.0, 5.0], [12.0, 2.5, 0.0, 5.0]])) == 100.0  # behind; next lane
+
+
+def test_a_fallback_tile_adds_only_the_fallback_lane_and_agents_off_every_lane_are_not_spawned():
+    cfg = config.preset("smoke")
+    cfg.rollout.km, cfg.rollout.max_steps = 0.15, 400
+    moving = np.stack([np.linspace(-1, 1, 6), np.zeros(6)], 1).reshape(-1)  # a straight 12 m of history
+
+    def crossing_road(k, origin, pieces, rows):
+        """A generated road at 90° to the route (no lane to stitch onto), an agent 20 m beside the route on that
+        road (off every lane the map keeps) and one 6 m ahead on the route's continuation."""
+        t = tile([[[10, -30], [10, 30]], [[12, 30], [12, -30]]], [False, False])
+        agents = np.array([[10, 20, 8, 0, 1, 4.5, 1.9], [6, 0, 8, 1, 0, 4.5, 1.9]], float)
+        return dict(t, agents=agents, motion=np.stack([moving, moving]), agent_mask=np.ones(2, bool),
+                    fixed_agents=np.zeros(2, bool))
+
+    res = rollout.run_rollout(5, "idm", None, None, "warm", cfg, crossing_road)
+    sources = [stitching.SOURCES[i] for i in res["lane_source"]]
+    assert res["end_reason"] == "distance" and res["stitch_fallback_rate"] == 1 and res["n_tiles"] >= 4
+    assert "generated" not in sources and sources.count("fallback") == res["n_tiles"]
+    assert 1 <= res["spawned"] <= res["n_tiles"]  # at most the on-route agent of each tile
+    assert res["offroad_rate"] == 0.0  # NPCs ahead of the route end (no road outpainted there yet) are not counted
+    boxes = res["spawned_boxes"]
+    lanes = stitching.LaneMap()
+    for poly in res["lanes"]:
+        lanes.add(poly, "seed")
+    assert not lanes.offroad(boxes[:, :2]).any()  # every spawned agent on a lane the map keeps
+    local = np.array([to_frame(b[None, :2], o)[0] for b, o in zip(boxes, res["tiles"])])
+    assert np.abs(local[:, 1]).max() <= 1e-9 and np.allclose(local[:, 0], 6.0, atol=1e-9)
+
+
+def test_parked_vehicles_stand_at_the_curb_and_nobody_queues_behind_them():
+    from icml.methods.drive_world.world import CURB_GAP_M, LANE_W, step_agents
+    at_rest = moving = 0
+    for w in range(4):
+        world = build_world(300, np.random.default_rng([0, 7, w]), n_agents=16)
+        pts = np.concatenate(world.lanes)
+        for a in world.agents:
+            if a["parked"]:  # beside its direction's outermost lane, on the right: every lane farther than that
+                d = np.linalg.norm(pts - a["pose"][:2], axis=1).min()
+                assert abs(d - (LANE_W / 2 + a["width"] / 2 + CURB_GAP_M)) <= 64 * EPS * 300
+                assert a["route"][1] == max(k for dd, k in world.routes if dd == a["route"][0])
+        for _ in range(40):
+            step_agents(world.agents, world.routes)
+        v = np.array([[h[3] for h in a["history"][10:]] for a in world.agents if not a["parked"]])
+        at_rest, moving = at_rest + int((v < 0.5).sum()), moving + v.size
+    assert at_rest / moving < 0.01  # in-lane parking left 9 % of the moving agents' steps at rest (queued for good)
+
+
+def test_a_decoded_parked_agent_is_spawned_at_the_curb_and_the_ego_drives_past_it():
+    from icml.methods.drive_world.world import CURB_GAP_M, LANE_W
+    cfg = config.preset("smoke")
+    cfg.rollout.km, cfg.rollout.max_steps = 0.15, 400
+
+    def parked_on_the_route(k, origin, pieces, rows):
+        t = tile([[[10, -30], [10, 30]]], [False])  # nothing to stitch onto: the straight fallback continues the route
+        return dict(t, agents=np.array([[6, 0, 0, 1, 0, 4.5, 2.0]]), motion=evaluation.STATIC_CODE[None],
+                    agent_mask=np.ones(1, bool), fixed_agents=np.zeros(1, bool))
+
+    res = rollout.run_rollout(5, "idm", None, None, "warm", cfg, parked_on_the_route)
+    assert res["end_reason"] == "distance" and res["spawned"] >= 3 and res["offroad_rate"] == 0.0
+    for path, origin in zip(res["npc_paths"], res["tiles"]):
+        local = to_frame(path[:, :2], origin)  # right of the route, just off its lane, and it never moves
+        assert np.abs(local - [6.0, -(LANE_W / 2 + 1.0 + CURB_GAP_M)]).max() <= 1e-9
+
+
+def test_spawn_pose_snaps_to_a_lane_of_compatible_heading_parks_static_agents_at_its_curb_or_rejects():
+    from icml.methods.drive_world.world import CURB_GAP_M, LANE_W
+    lanes = stitching.LaneMap()
+    lanes.add(np.array([[0.0, 0.0], [20.0, 0.0]]), "fallback")
+    tol = 64 * EPS * 20
+    assert np.abs(rollout.spawn_pose(lanes, np.array([5.0, 1.0, 0.2]), 2.0, False) - [5, 0, 0]).max() <= tol
+    curb = rollout.spawn_pose(lanes, np.array([5.0, -2.5, 0.2]), 2.0, True)
+    assert np.abs(curb - [5, -(LANE_W / 2 + 1.0 + CURB_GAP_M), 0]).max() <= tol  # parked on the right, off the lane
+    assert rollout.spawn_pose(lanes, np.array([5.0, 1.0, np.pi]), 2.0, False) is None  # oncoming: not turned round
+    assert rollout.spawn_pose(lanes, np.array([5.0, rollout.SNAP_MAX_M + 0.01, 0.0]), 2.0, False) is None  # no road
+    assert rollout.spawn_pose(lanes, np.array([5.0, rollout.SNAP_MAX_M - 0.01, 0.0]), 2.0, False) is not None
+
+
+def test_context_latents_depend_only_on_the_fixed_nodes():
+    import torch
+
+    from icml.methods.drive_world import pipeline
+    cfg = config.preset("smoke")
+    torch.manual_seed(0)
+    vae = pipeline.build_vae(cfg).eval()
+    pieces = [resample(np.array([[-30.0, -1.75], [0.0, -1.75]]), 10),
+              resample(np.array([[0.0, 1.75], [-30.0, 1.75]]), 10)]
+    rows = [(np.array([-8.0, -1.75, 9.0, 1.0, 0.0, 4.5, 1.9]), np.linspace(-1, 1, 12), False)]
+
+    def fixed_latents(n_new_lanes, n_new_agents, garbage):
+        t = stitching.context_tile(pieces, rows, n_new_lanes, n_new_agents, 1, cfg.data)
+        if garbage:  # what the free slots hold must not matter: the sampler overwrites them
+            rng = np.random.default_rng(1)
+            t["lanes"][2:] = rng.normal(0, 20, t["lanes"][2:].shape)
+            t["agents"][1:] = rng.normal(0, 5, t["agents"][1:].shape)
+        ml, ma = pipeline.context_latents(vae, {k: np.asarray(v)[None] for k, v in t.items()}, cfg.data.tile_m / 2)
+        return ml[0, :2], ma[0, :1]
+    ref_l, ref_a = fixed_latents(3, 2, False)
+    for n_l, n_a, garbage in ((3, 2, True), (7, 5, False), (1, 0, True)):
+        ml, ma = fixed_latents(n_l, n_a, garbage)
+        assert torch.equal(ml, ref_l) and torch.equal(ma, ref_a)

@@ -102,6 +102,16 @@ def _latents(vae, tiles, half):
     return ml, ma
 
 
+def context_latents(vae, tiles: dict, half: float):
+    """Latents (posterior means) of context tiles encoded from their fixed nodes alone: the free slots are
+    placeholders (zeros) for the sampler, not part of the scene, and the encoder's attention would mix them into
+    the fixed nodes' latents (measured at default: no decoded lane of compatible heading near a fixed lane's end in
+    41 % of the successor pairs with them, 23 % without)."""
+    only = dict(tiles, lane_mask=tiles["lane_mask"] & tiles["fixed_lanes"],
+                agent_mask=tiles["agent_mask"] & tiles["fixed_agents"])
+    return _latents(vae, only, half)
+
+
 def _todo(ctx, stage: str, path) -> bool:
     """Train a model when its stage is listed, unless a resumed run already saved it."""
     return not path.exists() or (stage in ctx.config.stages and not ctx.resumed)
@@ -224,7 +234,7 @@ class Models:
         """One deployment step (meanflow_1) on a context tile: its fixed nodes are encoded (posterior means),
         imposed at initialisation and after the step; the decoded tile keeps the context's fixed masks."""
         b = {k: np.asarray(v)[None] for k, v in context.items()}
-        ml, ma = _latents(self.vae, b, self.half)
+        ml, ma = context_latents(self.vae, b, self.half)
         fixed = (ml / self.scale_l, ma / self.scale_a, torch.as_tensor(b["fixed_lanes"]), torch.as_tensor(b["fixed_agents"]))
         tile = self.generate("meanflow_1", _cond(b, [0]), generator, fixed)[0]
         return dict(tile, fixed_lanes=context["fixed_lanes"], fixed_agents=context["fixed_agents"])

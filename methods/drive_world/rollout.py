@@ -8,7 +8,7 @@ from scipy.spatial import cKDTree
 
 from . import deltasim, evaluation, stitching
 from .stitching import LaneMap, from_frame
-from .world import DT, World, bicycle, build_world, idm_accel, pure_pursuit, resample, to_frame
+from .world import DT, World, bicycle, build_world, curb_pose, idm_accel, pure_pursuit, resample, to_frame
 
 N_LANES_FEAT = 4
 
@@ -151,11 +151,13 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
             pieces, rows = stitching.context(lanes, others, origin, cfg.data)
             tile = outpaint(n_tiles, origin, pieces, rows)
             st = stitching.stitch(route, tile, origin, rc, cfg.data.tile_m)
-            for poly in st.lanes:
-                lanes.add(poly, "generated")
-            if st.fallback:
+            if st.fallback:  # the generated lanes do not join the route: they would be a second, unconnected
+                # road across it (agents snapped onto it meet the ego's traffic head-on), so only the fallback joins
                 lanes.add(np.vstack([route[-1:], st.route]), "fallback")
                 n_fallback += 1
+            else:
+                for poly in st.lanes:
+                    lanes.add(poly, "generated")
             gaps += st.gaps
             route = np.vstack([route, st.route])
             origins.append(origin)
@@ -165,9 +167,15 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 if len(npcs) >= rc.agents:
                     break
                 pose = np.array([*from_frame(a[:2], origin), origin[2] + np.arctan2(a[4], a[3])])
-                pose = lanes.snap(pose)
                 speed, static = float(max(a[2], 0.0)), bool(evaluation.is_static(code[None])[0])
                 length, width = float(np.clip(a[5], 3.5, 6)), float(np.clip(a[6], 1.6, 2.3))
+                pose = spawn_pose(lanes, pose, width, static)
+                if pose is None:
+                    continue
+                present = [[*ego["pose"], ego["length"], ego["width"]]] + [[*n["hist"][-1][:3], n["length"], n["width"]]
+                                                                          for n in npcs]
+                if overlaps(np.array([*pose, length, width]), np.array(present)):
+                    continue  # snapping can put agents on the ego or on top of each other: such a spawn is dropped
                 if start_mode == "warm":
                     hist = deltasim.pseudo_history(code, static, pose, speed, cfg.sim.history)
                 else:
@@ -175,7 +183,7 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 # the history's last acceleration is where the jerk of the first executed step starts from
                 acc = [(hist[-1, 3] - hist[-2, 3]) / DT] if len(hist) > 1 else []
                 npcs.append(dict(hist=list(hist), length=length, width=width, id=serial, age=0, acc=acc,
-                                 start=len(hist) - 1))
+                                 start=len(hist) - 1, parked=static))
                 ever.append(npcs[-1])
                 spawned_boxes.append([*pose, length, width])
                 serial += 1
@@ -187,6 +195,9 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 actions = []
                 for n in npcs:
                     s = np.asarray(n["hist"][-1])
+                    if n["parked"]:  # as in the logged traffic: a parked vehicle stays
+                        actions.append(np.zeros(3))
+                        continue
                     pose, v = bicycle(s[:3], s[3], pure_pursuit(s[:3], s[3], lanes.follow(s[:3])),
                                       idm_accel(s[3], _gap(s, states), 0, 10.0))
                     actions.append(body_delta(s[:3], pose))
@@ -211,7 +222,11 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 n["hist"].append(np.array([*pose, v]))
                 n["age"] += 1
             new = np.array([n["hist"][-1] for n in npcs])
-            steps["off"] += list(lanes.offroad(new[:, :2]))
+            # off-road counts the moving NPCs behind the frontier: parked ones stand beside the lane by construction,
+            # and past the route end (where the next tile's new half begins) no road has been outpainted yet
+            d = route[-1] - route[-2]
+            mapped = to_frame(new[:, :2], np.array([*route[-1], np.arctan2(d[1], d[0])]))[:, 0] <= 0
+            steps["off"] += [off for n, off, m in zip(npcs, lanes.offroad(new[:, :2]), mapped) if m and not n["parked"]]
             steps["ttc"] += [_ttc(s, np.vstack([new, states[-1:]])) < 1.5 for s in new]
             boxes = np.array([[*h[:2], h[3], np.cos(h[2]), np.sin(h[2]), n["length"], n["width"]]
                               for h, n in zip(new, npcs)])
@@ -256,6 +271,35 @@ def run_rollout(world_seed: int, policy_name: str, policy, vocab, start_mode: st
                 tiles=np.asarray(origins).reshape(-1, 3), spawned_boxes=np.asarray(spawned_boxes).reshape(-1, 5))
 
 
+SNAP_MAX_M = 3.5  # [S] one lane width: an agent is spawned only on a lane of compatible heading this near
+
+
+def spawn_pose(lanes: LaneMap, pose: np.ndarray, width: float, static: bool) -> np.ndarray | None:
+    """Where a generated agent decoded at `pose` (world) is spawned: on the nearest lane point of compatible heading
+    (within 90°), with the lane's heading, parked at that lane's curb when static (as in the data); None when that
+    point is > SNAP_MAX_M away or no lane has a compatible heading (the agent has no road to drive on: it is not
+    turned round onto a lane of the other direction)."""
+    snapped = lanes.snap(pose)
+    if np.linalg.norm(snapped[:2] - pose[:2]) > SNAP_MAX_M or np.cos(snapped[2] - pose[2]) < 0:
+        return None
+    return curb_pose(snapped, width) if static else snapped
+
+
+SPAWN_CLEARANCE_M = 1.0  # [S] a spawned vehicle keeps this much beyond the collision test's distance
+
+
+def overlaps(box: np.ndarray, present: np.ndarray) -> bool:
+    """Would a vehicle spawned as box [x, y, ψ, length, width] come within SPAWN_CLEARANCE_M of the collision
+    test's distance ((w_j + w_k)/√3.8 between the 5 body circles, `evaluation.colliding`) of any `present`
+    vehicle (n, 5)? The margin is added to the distance, not to the widths: a vehicle in the next lane (3.5 m
+    beside it) does not overlap."""
+    rows = np.vstack([box, present])
+    a = np.column_stack([rows[:, :2], np.zeros(len(rows)), np.cos(rows[:, 2]), np.sin(rows[:, 2]), rows[:, 3:5]])
+    circles = evaluation.box_circles(a)
+    d = np.linalg.norm(circles[0, :, None, None] - circles[None, 1:], axis=-1).min((0, 2))  # (n,)
+    return bool((d < (a[0, 6] + a[1:, 6]) / np.sqrt(3.8) + SPAWN_CLEARANCE_M).any())
+
+
 def _ahead(s, states):
     fwd = np.array([np.cos(s[2]), np.sin(s[2])])
     rel = states[:, :2] - s[:2]
@@ -265,8 +309,11 @@ def _ahead(s, states):
 
 
 def _gap(s, states) -> float:
+    """IDM's gap to the nearest leader: an agent ahead in the lane (lateral < 2 m) driving the same way (heading
+    within 60°); an oncoming or crossing agent is not followed (a collision with it is counted, not avoided by
+    stopping: stopping for it would end the rollout there)."""
     along, lat = _ahead(s, states)
-    mask = (along > 0.5) & (lat < 2.0)
+    mask = (along > 0.5) & (lat < 2.0) & (np.cos(states[:, 2] - s[2]) > 0.5)
     return float(along[mask].min() - 4.5) if mask.any() else 100.0
 
 

@@ -20,6 +20,20 @@ from .world import DT, motion_code, resample, to_frame
 
 SOURCES = ("seed", "generated", "fallback")
 MIN_LANE_M = 1.0  # decoded lanes shorter than this have no usable direction
+MAX_TURN_DEG = 45.0  # [S] a decoded lane turning more than this between consecutive segments is not drivable: the
+# procedural roads (R ≥ 20 m, ≤ 5 m between the 10 resampled points) turn ≤ 15°; a decoder's hairpin reverses
+
+
+def drivable(poly: np.ndarray) -> bool:
+    """A decoded lane the route may continue on: ≥ MIN_LANE_M long and no turn above MAX_TURN_DEG between
+    consecutive (non-degenerate) segments."""
+    poly = np.asarray(poly, np.float64)
+    d = np.diff(poly, axis=0)
+    d = d[np.linalg.norm(d, axis=1) > 1e-6]
+    if length(poly) < MIN_LANE_M or len(d) == 0:
+        return False
+    turn = np.abs(np.angle(np.exp(1j * np.diff(np.arctan2(d[:, 1], d[:, 0])))))
+    return bool((turn <= np.radians(MAX_TURN_DEG)).all())
 
 
 def from_frame(local: np.ndarray, origin: np.ndarray) -> np.ndarray:
@@ -163,7 +177,7 @@ def chain(tile: dict, stitch_m: float, heading_deg: float) -> tuple[list[int], l
     lane starts within stitch_m of the current end with a start heading within heading_deg of the end heading;
     the nearest such start is taken. Returns lane indices and the endpoint gaps of the joints (tile frame)."""
     lanes = np.asarray(tile["lanes"], np.float64)
-    free = [j for j in np.flatnonzero(tile["lane_mask"] & ~tile["fixed_lanes"]) if length(lanes[j]) >= MIN_LANE_M]
+    free = [j for j in np.flatnonzero(tile["lane_mask"] & ~tile["fixed_lanes"]) if drivable(lanes[j])]
     end, h = np.zeros(2), 0.0
     used, gaps = [], []
     while True:
@@ -186,7 +200,7 @@ def stitch(route: np.ndarray, tile: dict, origin: np.ndarray, rc, tile_m: float)
     """Continue `route` (n, 2, world) on the tile outpainted at `origin` (its end pose)."""
     lanes = np.asarray(tile["lanes"], np.float64)
     generated = [from_frame(lanes[j], origin) for j in np.flatnonzero(tile["lane_mask"] & ~tile["fixed_lanes"])
-                 if length(lanes[j]) >= MIN_LANE_M]
+                 if drivable(lanes[j])]
     used, gaps = chain(tile, rc.stitch_m, rc.stitch_heading_deg)
     if not used:
         straight = densify(np.array([[0.0, 0.0], [tile_m / 2, 0.0]]))

@@ -96,8 +96,22 @@ def bicycle(pose: np.ndarray, v: float, steer: float, acc: float) -> tuple[np.nd
     return np.array([pose[0] + v2 * np.cos(h) * DT, pose[1] + v2 * np.sin(h) * DT, h]), v2
 
 
+CURB_GAP_M = 0.3  # [S] a parked vehicle's side is this far beyond the edge of its direction's outermost lane
+
+
+def curb_pose(lane_pose: np.ndarray, width: float) -> np.ndarray:
+    """A parked vehicle beside a lane point (x, y, ψ): on the right of the driving direction, just off the lane,
+    so that it is nobody's IDM leader (lateral > 2 m) and blocks no lane."""
+    offset = LANE_W / 2 + width / 2 + CURB_GAP_M
+    return lane_pose + offset * np.array([np.sin(lane_pose[2]), -np.cos(lane_pose[2]), 0.0])
+
+
 def spawn_agents(routes, rng, n, parked_frac, history_s) -> list[dict]:
+    """Moving vehicles on lane centrelines; parked ones at the curb of their direction's outermost lane. Parked
+    on a centreline, a vehicle would block its lane for good (IDM agents never change lanes): every agent behind
+    it queues at rest, and the logged behaviour ΔSim imitates would be 'slow down, stop, never move again'."""
     keys = list(routes)
+    outermost = {d: max(k for dd, k in keys if dd == d) for d, _ in keys}
     agents = []
     for _ in range(n):
         key = keys[int(rng.integers(len(keys)))]
@@ -105,9 +119,14 @@ def spawn_agents(routes, rng, n, parked_frac, history_s) -> list[dict]:
         i = int(rng.integers(5, max(len(line) - 60, 6)))
         parked = rng.random() < parked_frac
         v0 = 0.0 if parked else rng.uniform(5, 14)
-        agents.append(dict(route=key, pose=line[i].copy(), v=v0, v0=max(v0, 1.0), parked=parked,
-                           length=rng.uniform(4, 5), width=rng.uniform(1.8, 2.1), type=0,
-                           history=[]))
+        length, width = rng.uniform(4, 5), rng.uniform(1.8, 2.1)
+        if parked:
+            key = (key[0], outermost[key[0]])
+            pose = curb_pose(routes[key][i], width)  # every route has the centreline's length
+        else:
+            pose = line[i].copy()
+        agents.append(dict(route=key, pose=pose, v=v0, v0=max(v0, 1.0), parked=parked, length=length, width=width,
+                           type=0, history=[]))
     for _ in range(int(round(history_s / DT))):  # 3 s of history
         step_agents(agents, routes)
     return agents
