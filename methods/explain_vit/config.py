@@ -13,6 +13,7 @@ BASELINES = ["saliency", "integrated_gradients", "smoothgrad", "attn_rollout", "
 ARMS = LADDER + BASELINES
 MONTAGE_MODES = ("interpolate", "downscale")
 FILLS = ("blur", "constant")
+PATCH_INITS = ("trunc_normal", "conv_default")
 
 
 @dataclass
@@ -33,6 +34,11 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.05
     warmup_steps: int = 20
+    # issue 24: the spec's recipe is grad_clip=0 (no clipping) and patch_init=trunc_normal (transformers' init);
+    # grad_clip > 0 clips the global gradient norm; conv_default re-initialises the patch-embedding conv as
+    # PyTorch's Conv2d does (timm's ViT leaves it so)
+    grad_clip: float = 0.0
+    patch_init: str = "trunc_normal"
 
 
 @dataclass
@@ -188,3 +194,9 @@ def validate(cfg: ExplainVitConfig) -> None:
         raise ValueError(f"eval.shifts must be positive pixel shifts, not {cfg.eval.shifts}")
     if cfg.train.lr <= 0 or cfg.train.weight_decay < 0:
         raise ValueError("train.lr must be positive and train.weight_decay >= 0")
+    if not cfg.train.grad_clip >= 0:  # also rejects NaN
+        raise ValueError(f"train.grad_clip must be >= 0 (0: no clipping), not {cfg.train.grad_clip}")
+    if cfg.train.warmup_steps < 0:
+        raise ValueError(f"train.warmup_steps must be >= 0, not {cfg.train.warmup_steps}")
+    if cfg.train.patch_init not in PATCH_INITS:
+        raise ValueError(f"train.patch_init must be one of {', '.join(PATCH_INITS)}, not '{cfg.train.patch_init}'")

@@ -61,7 +61,8 @@ def _tensor(a: np.ndarray, device: str) -> torch.Tensor:
 # train -------------------------------------------------------------------------------------------
 def train(ctx) -> None:
     cfg, device = ctx.config, ctx.device
-    with intra_op_threads(THREADS):
+    # never more threads than the process was given (OMP_NUM_THREADS=1 keeps training on one core)
+    with intra_op_threads(min(THREADS, torch.get_num_threads())):
         if cfg.model:
             classifier = open_classifier(cfg.model, device)
             if cfg.data == "synthetic" and classifier.classes != [str(c) for c in _synthetic_classes()]:
