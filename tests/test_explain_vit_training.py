@@ -62,6 +62,15 @@ def test_lr_schedule_warmup_then_cosine():
     assert lrs[-1] < base * 1e-3
 
 
+def test_spec_recipe_is_the_dataclass_default_and_default_preset_uses_issue24_recipe():
+    spec = ExplainVitConfig().train
+    assert (spec.epochs, spec.grad_clip, spec.patch_init, spec.warmup_steps) == (8, 0.0, "trunc_normal", 20)
+    assert (spec.lr, spec.batch_size, spec.weight_decay) == (1e-3, 128, 0.05)
+    default = preset("default").train
+    assert (default.epochs, default.grad_clip, default.patch_init) == (12, 1.0, "conv_default")
+    assert (default.lr, default.batch_size, default.weight_decay, default.warmup_steps) == (1e-3, 128, 0.05, 20)
+
+
 @pytest.mark.parametrize("key, value, words", [("grad_clip", -1.0, "train.grad_clip"),
                                                ("grad_clip", float("nan"), "train.grad_clip"),
                                                ("patch_init", "xavier", "train.patch_init"),

@@ -102,7 +102,17 @@ class ExplainVitConfig:
 
 
 def preset(name: str) -> ExplainVitConfig:
+    """The dataclass defaults are the spec's recipe; smoke and default train the toy ViT with the issue-24 recipe."""
     cfg = ExplainVitConfig()
+    if name in ("smoke", "default"):
+        # issue 24: under the spec's recipe (8 epochs, no clipping, transformers' patch init) the toy ViT sits on the
+        # ln 6 loss plateau for 3 to all 8 epochs depending on the seed and ends with no test image correct and
+        # ≥ 0.9 confident; clipping + PyTorch's conv init leave it at epoch 3 on every seed measured, and 12 epochs
+        # (≈ 4.5 min of one core) give confident images (README). --set train.epochs=8 --set train.grad_clip=0
+        # --set train.patch_init=trunc_normal is the spec's recipe.
+        cfg.train.epochs = 12
+        cfg.train.grad_clip = 1.0
+        cfg.train.patch_init = "conv_default"
     if name == "smoke":
         cfg.data_cfg.n_train, cfg.data_cfg.n_val, cfg.data_cfg.n_test = 1000, 100, 100
         cfg.data_cfg.n_montages, cfg.data_cfg.n_val_montages = 16, 4
