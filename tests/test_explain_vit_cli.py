@@ -124,3 +124,28 @@ def test_bad_images_for_explain(run, tmp_path):
     assert result.code != 0 and "cannot be read" in result.err and "Traceback" not in result.err
     result = invoke("explain-vit", "explain", run, "--image", tmp_path / "missing.png", "--runs-dir", run.parent.parent)
     assert result.code == 2 and "does not exist" in result.err
+
+
+def test_montage_pool_draws_more_cells_until_enough_are_confident(monkeypatch):
+    """A model confident on few images still gets montages of once-used confident cells: candidate cells are drawn
+    in rounds of 4·n (the first round is the single pool used before) until 4·n pass the filter."""
+    from icml.methods.explain_vit import pipeline
+    from icml.methods.explain_vit.config import preset
+
+    cfg = preset("default")
+    seen: list[list[str]] = []
+
+    def every_seventh(classifier, images, labels, min_conf, device, require_correct=True):
+        seen.append(list(labels))
+        index = np.arange(len(labels))
+        offset = sum(len(s) for s in seen[:-1])  # the filter keeps cells whose running index is a multiple of 7
+        return index[(index + offset) % 7 == 0], np.ones(len(labels))
+
+    monkeypatch.setattr(pipeline, "confident", every_seventh)
+    montages = pipeline._montage_pool(cfg, 0, None, "montage", 3, "cpu", "m")
+    assert [len(s) for s in seen] == [24] * 4  # 4 + 3 + 4 + 3 kept: 14 ≥ 12 after four rounds
+    assert len(montages.ids) == 3 and montages.images.shape == (3, 3, 64, 64)
+    assert all(len(set(row)) == 4 for row in montages.classes)  # four distinct classes per montage
+    # the rounds continue the same deterministic stream: round k holds cells 24k … 24k + 23
+    first = pipeline.synthetic(0, "montage", 48, 32)
+    assert seen[0] + seen[1] == list(first.labels)

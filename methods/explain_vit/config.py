@@ -13,6 +13,7 @@ BASELINES = ["saliency", "integrated_gradients", "smoothgrad", "attn_rollout", "
 ARMS = LADDER + BASELINES
 MONTAGE_MODES = ("interpolate", "downscale")
 FILLS = ("blur", "constant")
+PATCH_INITS = ("trunc_normal", "conv_default")
 
 
 @dataclass
@@ -33,6 +34,11 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.05
     warmup_steps: int = 20
+    # issue 24: the spec's recipe is grad_clip=0 (no clipping) and patch_init=trunc_normal (transformers' init);
+    # grad_clip > 0 clips the global gradient norm; conv_default re-initialises the patch-embedding conv as
+    # PyTorch's Conv2d does (timm's ViT leaves it so)
+    grad_clip: float = 0.0
+    patch_init: str = "trunc_normal"
 
 
 @dataclass
@@ -96,7 +102,17 @@ class ExplainVitConfig:
 
 
 def preset(name: str) -> ExplainVitConfig:
+    """The dataclass defaults are the spec's recipe; smoke and default train the toy ViT with the issue-24 recipe."""
     cfg = ExplainVitConfig()
+    if name in ("smoke", "default"):
+        # issue 24: under the spec's recipe (8 epochs, no clipping, transformers' patch init) the toy ViT sits on the
+        # ln 6 loss plateau for 3 to all 8 epochs depending on the seed and ends with no test image correct and
+        # ≥ 0.9 confident; clipping + PyTorch's conv init leave it at epoch 3 on every seed measured, and 12 epochs
+        # (≈ 4.5 min of one core) give confident images (README). --set train.epochs=8 --set train.grad_clip=0
+        # --set train.patch_init=trunc_normal is the spec's recipe.
+        cfg.train.epochs = 12
+        cfg.train.grad_clip = 1.0
+        cfg.train.patch_init = "conv_default"
     if name == "smoke":
         cfg.data_cfg.n_train, cfg.data_cfg.n_val, cfg.data_cfg.n_test = 1000, 100, 100
         cfg.data_cfg.n_montages, cfg.data_cfg.n_val_montages = 16, 4
@@ -188,3 +204,9 @@ def validate(cfg: ExplainVitConfig) -> None:
         raise ValueError(f"eval.shifts must be positive pixel shifts, not {cfg.eval.shifts}")
     if cfg.train.lr <= 0 or cfg.train.weight_decay < 0:
         raise ValueError("train.lr must be positive and train.weight_decay >= 0")
+    if not cfg.train.grad_clip >= 0:  # also rejects NaN
+        raise ValueError(f"train.grad_clip must be >= 0 (0: no clipping), not {cfg.train.grad_clip}")
+    if cfg.train.warmup_steps < 0:
+        raise ValueError(f"train.warmup_steps must be >= 0, not {cfg.train.warmup_steps}")
+    if cfg.train.patch_init not in PATCH_INITS:
+        raise ValueError(f"train.patch_init must be one of {', '.join(PATCH_INITS)}, not '{cfg.train.patch_init}'")

@@ -52,7 +52,13 @@ def build_toy(cfg: ExplainVitConfig, seed: int) -> nn.Module:
                        num_attention_heads=cfg.vit.heads, intermediate_size=cfg.vit.intermediate_size,
                        hidden_act="gelu", num_labels=len(CLASSES), attn_implementation="eager",
                        id2label=dict(enumerate(CLASSES)), label2id={c: i for i, c in enumerate(CLASSES)})
-    return ViTForImageClassification(config)
+    model = ViTForImageClassification(config)
+    if cfg.train.patch_init == "conv_default":
+        # PyTorch's Conv2d init (kaiming-uniform, bound 1/√fan_in) instead of transformers' N(0, 0.02): ≈ 4× larger
+        # patch embeddings at fan_in 48, so the tokens are not swamped by the position code at the start; drawn
+        # after the rest, so every other parameter equals the trunc_normal build of the same seed
+        model.vit.embeddings.patch_embeddings.projection.reset_parameters()
+    return model
 
 
 def save(model: nn.Module, path: Path) -> None:
@@ -118,7 +124,7 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndarray, cfg: ExplainVitConfig,
                      seed: int, device: str, on_epoch=None, advance=None) -> None:
     """AdamW (lr 1e-3, wd 0.05 on weight matrices only), linear warm-up inside the cosine schedule, batch 128,
-    flip augmentation; on_epoch(epoch, loss, acc)."""
+    flip augmentation, optional global-norm gradient clipping (train.grad_clip > 0); on_epoch(epoch, loss, acc)."""
     model = classifier.model
     model.train()
     opt = torch.optim.AdamW(decay_groups(model, cfg.train.weight_decay), lr=cfg.train.lr)
@@ -143,6 +149,8 @@ def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndar
             loss = F.cross_entropy(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            if cfg.train.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
             opt.step()
             loss_sum += loss.item() * len(idx)
             correct += int((logits.argmax(-1) == y).sum())

@@ -61,7 +61,8 @@ def _tensor(a: np.ndarray, device: str) -> torch.Tensor:
 # train -------------------------------------------------------------------------------------------
 def train(ctx) -> None:
     cfg, device = ctx.config, ctx.device
-    with intra_op_threads(THREADS):
+    # never more threads than the process was given (OMP_NUM_THREADS=1 keeps training on one core)
+    with intra_op_threads(min(THREADS, torch.get_num_threads())):
         if cfg.model:
             classifier = open_classifier(cfg.model, device)
             if cfg.data == "synthetic" and classifier.classes != [str(c) for c in _synthetic_classes()]:
@@ -163,16 +164,33 @@ def explain_montages(explainer: Explainer, classifier: Classifier, montages: Mon
     return {arm: m.reshape(len(montages.ids), 4, *m.shape[-2:]) for arm, m in maps.items()}
 
 
+MONTAGE_POOL_ROUNDS = 16  # at most 16 × 4·n candidate cells per montage set
+
+
 def _montage_pool(cfg, seed, classifier, split, n_montages, device, tag) -> MontageSet:
-    """Montages whose four cells are each confidently and correctly classified on their own."""
+    """Montages whose four cells are each confidently and correctly classified on their own.
+
+    Synthetic cells are drawn in rounds of 4·n until 4·n of them pass the filter (each cell then used once) or
+    MONTAGE_POOL_ROUNDS rounds are spent: a toy model confident on ≈ 10 % of images (issue 24) left a single round of
+    4·n cells with fewer than four confident classes, so no montage at all. The first round is the earlier pool."""
     if cfg.data != "synthetic":
         cells = _data(cfg, seed, classifier, split, 0)
-    else:
-        cells = synthetic(seed, split, max(24, 4 * n_montages), cfg.data_cfg.image_size,
-                          offset=10_000 if split == "val" else 0)
-    keep, _ = confident(classifier, cells.images, cells.labels, cfg.eval.min_confidence, device,
-                        cfg.eval.require_correct)
-    return make_montages(cells.subset(keep), n_montages, seed, cfg.data_cfg.montage_mode, tag)
+        keep, _ = confident(classifier, cells.images, cells.labels, cfg.eval.min_confidence, device,
+                            cfg.eval.require_correct)
+        return make_montages(cells.subset(keep), n_montages, seed, cfg.data_cfg.montage_mode, tag)
+    chunk, start = max(24, 4 * n_montages), 10_000 if split == "val" else 0
+    kept: list[ImageSet] = []
+    for round_ in range(MONTAGE_POOL_ROUNDS):
+        cells = synthetic(seed, split, chunk, cfg.data_cfg.image_size, offset=start + round_ * chunk)
+        keep, _ = confident(classifier, cells.images, cells.labels, cfg.eval.min_confidence, device,
+                            cfg.eval.require_correct)
+        kept.append(cells.subset(keep))
+        if sum(len(k) for k in kept) >= 4 * n_montages:
+            break
+    pool = ImageSet(np.concatenate([k.images for k in kept]), np.concatenate([k.labels for k in kept]),
+                    np.concatenate([k.masks for k in kept]), np.concatenate([k.boxes for k in kept]),
+                    [i for k in kept for i in k.ids])
+    return make_montages(pool, n_montages, seed, cfg.data_cfg.montage_mode, tag)
 
 
 def choose_alpha(ctx, classifier: Classifier, rows: list[dict]) -> float:
