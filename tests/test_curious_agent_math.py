@@ -158,6 +158,21 @@ def test_beta_zero_reproduces_the_exploitation_only_agent():
     assert values(train_arm(cfg, "glance", 5, warm)[0]) != values(vagen_rows)
 
 
+def test_beta_scales_the_normalised_intrinsic_reward():
+    # one update: the rollout's actions come from the same weights and RNG whatever β, so the
+    # turn losses are identical and only β's place relative to the normaliser shows
+    cfg = tiny_cfg()
+    cfg.ppo.total_steps = cfg.ppo.n_envs * cfg.ppo.rollout
+    warm = CoTAgent().state_dict()
+    metric = {}
+    for beta in (0.1, 0.2):
+        cfg.glance.beta = beta
+        rows = train_arm(cfg, "glance", 3, warm)[0]
+        metric[beta] = {r["metric"]: r["value"] for r in rows if r.get("step") == cfg.ppo.total_steps}
+    assert metric[0.2]["intrinsic_reward_raw"] == pytest.approx(2 * metric[0.1]["intrinsic_reward_raw"], rel=1e-12)
+    assert metric[0.2]["intrinsic_reward_norm"] == pytest.approx(2 * metric[0.1]["intrinsic_reward_norm"], rel=1e-12)
+
+
 def test_bilevel_gae_with_unit_discounts_is_token_level_gae():
     g = torch.Generator().manual_seed(0)
     T, N, K = 7, 3, 13

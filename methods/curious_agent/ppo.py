@@ -337,8 +337,11 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None, 
                 ri = np.zeros(p.n_envs)
                 if glance.active:  # pre-update weights, at rollout time, one scalar per turn
                     with torch.no_grad():
-                        ri_raw = spec.beta * glance.loss(hidden, next_t, frames, action_index).numpy()
-                    ri = glance.normaliser.normalise(ri_raw)
+                        loss_now = glance.loss(hidden, next_t, frames, action_index).numpy()
+                    ri_raw = spec.beta * loss_now
+                    # β weights the normalised signal (as RND's int_coef does): the running std of
+                    # β·L's return is β times L's, so normalising β·L would cancel β exactly
+                    ri = spec.beta * glance.normaliser.normalise(loss_now)
                     turn_reward += ri  # added before advantage estimation
                     for i in range(p.n_envs):
                         (ri_novel if novel[i] else ri_revisit).append(ri_raw[i])
