@@ -104,12 +104,18 @@ def test_data_parallel_weights_equal_a_single_process_run_on_the_global_batch(la
     (eps32 = 1.2e-7) relative per step, which the optimizers pass through at that size except where a
     step is a sensitive function of a near-zero gradient (see `assert_updates_agree`). The key third of
     the attention bias is left out (`_compared`: its exact gradient is 0). Measured after 3 steps,
-    per parameter ||Δθ|| / ||θ − θ₀|| at most 6.7e-6 (AdamS) and 1e-7 (mSGDZ, whose matrices go through
-    Newton–Schulz in bfloat16, which absorbs the float32 differences unless one flips a bf16 rounding:
-    one bf16 ulp, 2⁻⁸ of an entry's step, i.e. ≤ 4e-3 of that parameter's norm), 1.5e-6 for the whole
-    update. Bounds as for the other methods (1e-3 per parameter, 2e-5 of the whole update's norm would
-    be too tight for a bf16 flip: 1e-4 here); any real defect (no gradient averaging, one rank's
-    half-batch, a shifted shard) moves the weights by a sizeable fraction of the update itself."""
+    per parameter ||Δθ|| / ||θ − θ₀|| at most 6.7e-6 (AdamS) and, for mSGDZ on one machine, 1e-7 and
+    1.5e-6 for the whole update. mSGDZ's matrices go through five quintic Newton–Schulz steps in bfloat16
+    (as the paper's code does), which absorb the float32 differences unless one flips a bf16 rounding;
+    a flip in an early step is mixed into every entry by the later products, so the output moves densely
+    by bf16 units (u = 2⁻⁸ ≈ 3.9e-3), and the quintic iteration (which does not converge: its singular
+    values oscillate) can amplify them over the 3 steps: on another machine of this kind mSGDZ's lm_head
+    moved by 1.0e-2 = 2.6u of its update and the attention's c_attn weight by 4.2e-2 = 11u, every entry
+    alike. Bounds: AdamS as the other methods' float32 optimizers (1e-3 per parameter, 1e-4 of the whole):
+    it runs the same grid, sharding and all-reduce as mSGDZ, so it is the sharp check of the plumbing;
+    mSGDZ 32u = 0.125 for both, a bf16 result being reproducible to its own (amplified) precision only, so
+    its check catches only gross defects (a rank stepping on its own half-batch, a missing all-reduce),
+    which move the weights by an O(0.1–1) fraction of the update (see the wired test's docstring)."""
     from icml.cli.config import apply_overrides
     from icml.methods.spectral_optim.config import preset
     from icml.methods.spectral_optim.lm import prepare_grid
@@ -117,14 +123,15 @@ def test_data_parallel_weights_equal_a_single_process_run_on_the_global_batch(la
     cfg = preset("smoke")
     apply_overrides(cfg, [GRID[i + 1] for i, arg in enumerate(GRID) if arg == "--set"])
     initial = prepare_grid(cfg, 0).model_init.state_dict()
-    for variant in ("AdamS", "mSGDZ"):
+    bf16_u = 2.0 ** -8  # bfloat16's unit roundoff: mSGDZ's Newton–Schulz runs in bf16
+    for variant, bound in (("AdamS", None), ("mSGDZ", 32 * bf16_u)):
         ddp, single = (torch.load(run / "checkpoints" / "runs" / f"{variant}_x1.pt", weights_only=False)
                        for run in (launches["run"], launches["single"]))
         assert ddp["steps_done"] == single["steps_done"] == 3
         names = [name for name in initial if name in single["model_state"]]
         assert_updates_agree(variant, "spectral-optim", {n: initial[n] for n in names},
                              {n: single["model_state"][n] for n in names}, {n: ddp["model_state"][n] for n in names},
-                             tensor_bound=1e-3, norm_bound=1e-4)
+                             tensor_bound=bound or 1e-3, norm_bound=bound or 1e-4)
         assert ddp["final_val_loss"] == pytest.approx(single["final_val_loss"], rel=1e-5)
 
 
@@ -365,7 +372,10 @@ def test_wired_method_writes_its_run_directory_once(wired, method):
     assert (frame["run_id"] == run.name).all()
 
 
-BOUNDS = {"soup": (2e-3, 2e-4), "attribute-motion": (2e-3, 5e-4)}  # (of each parameter's update norm, of the whole); the others: (1e-3, 2e-5). See below.
+# the logged losses are computed on weights that already differ by the bounds above: soup's row-coupled
+# ingredients (up to 2e-4 of the whole update) logged a loss 1.4e-5 relative apart on one machine
+LOSS_REL = {"soup": 1e-4}
+BOUNDS = {"soup": (2e-3, 1e-3), "attribute-motion": (2e-3, 1e-3)}  # (of each parameter's update norm, of the whole); the others: (1e-3, 1e-3). See below.
 
 
 def _compared(method: str, key: str, difference: torch.Tensor) -> torch.Tensor:
@@ -395,20 +405,24 @@ def test_wired_method_trains_as_one_process_on_the_global_batch(wired, method):
     warm-up). gradient-route (its token sums ÷ the global count per micro-batch, gradients averaged once
     per step; see `_compared` for the entries left out), after 8 steps of the baseline, GRAM and FT-LoRA's
     base, and 2 of MaxEnt and the LoRA: 7.0e-6 (MaxEnt: a small update, as kv-compress's); the whole
-    update's ratio at most 3.2e-6. Bounds: 1e-3 of a parameter's update and 2e-5 of the whole update's
-    norm (≥ 6×). soup (3 steps of each network): its fine-tunes start from h0, a full-batch probe fit on
+    update's ratio at most 3.2e-6 on one machine and 6.9e-5 on another (MaxEnt's, 20× more: the whole's
+    difference sits in the few entries AdamW steps on rounding noise, and how many there are is the
+    machine's summation order). Bounds: 1e-3 of a parameter's update (≥ 140×) and 1e-3 of the whole
+    update's norm (≥ 14×; the smallest whole-model defect measured below is 0.19, 190× that). soup (3 steps of each network): its fine-tunes start from h0, a full-batch probe fit on
     the stock's features on every rank, so the two runs' starts differ as their stocks do (h0 by 5e-6
     relative): each run's update is taken from its own start. Measured: the MAE stock, the MAE
     ingredient and every fine-tune ≤ 5.8e-5 of a parameter and ≤ 9.6e-6 of the whole update; the
     ingredients of the row-coupled losses (MoCo v3, MMCR, LeJEPA, gathered over the ranks) up to 1.7e-4
-    of a parameter (the attention output projection) and 6.9e-5 of the whole, concentrated in a few
-    entries whose gradient is at rounding level (AdamW steps those by a fraction of lr = 3e-4 on noise).
-    Bounds for soup: 2e-3 of a parameter (11×) and 2e-4 of the whole (3×). attribute-motion (3 steps of
+    of a parameter (the attention output projection) and 6.9e-5 of the whole on one machine, 2.06e-4 of
+    the whole (MoCo v3, τ 0.2) on another, concentrated in a few entries whose gradient is at rounding
+    level (AdamW steps those by a fraction of lr = 3e-4 on noise). Bounds for soup: 2e-3 of a parameter
+    (11×) and 1e-3 of the whole (≈ 5× the largest seen). attribute-motion (3 steps of
     the base UNet's pretraining, AdamW at lr 3e-4, gradients averaged by `distributed.average_gradients`;
     its attention key biases left out, `_compared`), measured at seeds 0, 1 and 2: up to 2.8e-4 of a
     parameter and 8.0e-5 of the whole update, where ~100 of the 1.6M entries hold 97 % of the whole's
     difference (AdamW again, at near-cancelling gradients) and the median entry differs by 1e-9 against
-    steps of ~6e-4. Bounds for attribute-motion: 2e-3 of a parameter (7×) and 5e-4 of the whole (6×).
+    steps of ~6e-4. Bounds for attribute-motion: 2e-3 of a parameter (7×) and 1e-3 of the whole (12×), the
+    whole's bound the same for every wired method.
     A real defect moves the weights by a sizeable fraction of the update (kv-compress with the mean of the ranks' token means instead of
     token sums ÷ the global count: ||Δθ|| / ||θ − θ₀|| = 0.51; soup's contrastive losses per rank, not
     gathered: 0.19–0.79, max |Δθ| ≈ 1e-3; attribute-motion without the gradient average, each rank
@@ -420,7 +434,7 @@ def test_wired_method_trains_as_one_process_on_the_global_batch(wired, method):
     ddp, ddp_initial = _weights(method, run)
     single, initial = _weights(method, wired["single"][method])
     assert ddp.keys() == single.keys() and ddp
-    tensor_bound, norm_bound = BOUNDS.get(method, (1e-3, 2e-5))
+    tensor_bound, norm_bound = BOUNDS.get(method, (1e-3, 1e-3))
     for name in single:  # the updates compared, each from its own run's start (the same, but for soup's)
         assert_updates_agree(name, method, initial[name], single[name], ddp[name], tensor_bound, norm_bound,
                              ddp_initial=ddp_initial[name])
@@ -429,4 +443,5 @@ def test_wired_method_trains_as_one_process_on_the_global_batch(wired, method):
     tags = [column for column in logged[1].columns if column != "value"]
     pairs = logged[0].merge(logged[1], on=tags, suffixes=("_ddp", "_single"))
     assert len(pairs) == len(logged[1]) > 0
-    assert pairs["value_ddp"].to_numpy() == pytest.approx(pairs["value_single"].to_numpy(), rel=1e-5)
+    assert pairs["value_ddp"].to_numpy() == pytest.approx(pairs["value_single"].to_numpy(),
+                                                          rel=LOSS_REL.get(method, 1e-5))
