@@ -35,8 +35,13 @@ def show(renderable: Any) -> None:
 
 
 def error(line: str) -> None:
-    """Errors always reach stderr, even under --quiet, and never wrap."""
-    print(f"icml: error: {line}", file=sys.stderr, flush=True)
+    """Errors always reach stderr, even under --quiet, and never wrap.
+
+    One write with its newline: `print` writes the text and the newline separately, and under
+    torchrun another rank's line can land between the two on the shared stderr pipe.
+    """
+    sys.stderr.write(f"icml: error: {line}\n")
+    sys.stderr.flush()
 
 
 def _jsonable(value: Any) -> Any:
