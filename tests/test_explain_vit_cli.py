@@ -41,6 +41,7 @@ def run(tmp_path_factory):
 def test_every_arm_metric_tag_and_table(run):
     frame = pq.read_table(run / "metrics.parquet").to_pandas()
     test = frame[(frame["phase"] == "eval") & (frame["split"] == "test")]
+    classifier, test = test[test["variant"] == "classifier"], test[test["variant"] != "classifier"]
     assert SPEC_METRICS <= set(test["metric"])
     assert set(test["variant"]) == set(ARMS)
     assert {"lerf", "morf"} == set(test["direction"].dropna()) and {"blur", "constant"} == set(test["fill"].dropna())
@@ -53,13 +54,37 @@ def test_every_arm_metric_tag_and_table(run):
     grid = test[test["metric"] == "grid_pg"]["value"]
     assert grid.dropna().between(0, 1).all() and grid.notna().sum() >= len(ARMS) - 2  # NaN: no positive mass
     per_image = pq.read_table(run / "per_image.parquet").to_pandas()
+    # what the model is confident on: one count per class, at least the images explained; the montages built
+    confident = classifier[classifier["metric"] == "n_confident"].set_index("class_name")["value"]
+    explained = per_image[(per_image["variant"] == "dave") & (per_image["metric"] == "energy_pg")]
+    assert len(confident) == 6 and confident.sum() >= len(explained) > 0
+    montages = classifier[classifier["metric"] == "n_montages"]["value"]
+    grid_images = per_image[(per_image["variant"] == "dave") & (per_image["metric"] == "grid_pg")]
+    assert list(montages) == [float(len(grid_images))]
     assert list(per_image.columns) == ["run_id", "variant", "image_id", "target", "metric", "value"]
     assert set(per_image["variant"]) == set(ARMS) and "grid_pg" in set(per_image["metric"])
     for name in ("curves", "spectra"):
         assert (run / f"{name}.parquet").exists()
     html = (run.parent.parent / "r.html").read_text()
-    assert "Ablation ladder" in html and "map gallery" in html and "data:image/png;base64" in html
+    assert "Ablation ladder" in html and "Confidently correct test images per class" in html
+    assert "map gallery" in html and "data:image/png;base64" in html
     assert (run / "report" / "map_gallery_montage.png").exists()
+
+
+def test_report_says_when_no_montage_could_be_built():
+    """A model confident on fewer than four classes gives no montage: the report names the cause."""
+    import pandas as pd
+
+    from icml.methods.explain_vit.report import _confidence_table
+
+    rows = [dict(phase="eval", variant="classifier", metric="n_confident", value=v, class_name=c, run_id="r")
+            for c, v in [("disk", 0.0), ("ring", 3.0), ("bar_pair", 40.0)]]
+    frame = pd.DataFrame(rows + [dict(phase="eval", variant="classifier", metric="n_montages", value=0.0,
+                                      class_name=None, run_id="r")])
+    note = _confidence_table(frame[frame["metric"] == "n_confident"], frame).note
+    assert "confident on 2 classes (4 needed)" in note and "not measured" in note
+    frame.loc[frame["metric"] == "n_montages", "value"] = 5.0
+    assert "not measured" not in _confidence_table(frame[frame["metric"] == "n_confident"], frame).note
 
 
 def test_explain_verb_through_run_and_model(run, tmp_path):

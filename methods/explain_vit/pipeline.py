@@ -254,6 +254,14 @@ def _evaluate(ctx) -> None:
     test = _data(cfg, seed, classifier, "test", cfg.data_cfg.n_test)
     keep, _ = confident(classifier, test.images, test.labels, cfg.eval.min_confidence, device,
                         cfg.eval.require_correct)
+    # what the model is confident on decides what can be measured: a montage needs four confident classes.
+    # Every class of a small label set (its zeros are the finding); of a large one (ImageNet) those present
+    counts = np.bincount(test.labels[keep], minlength=len(classifier.classes))
+    for k, name in enumerate(classifier.classes):
+        if len(classifier.classes) > 32 and counts[k] == 0:
+            continue
+        rows.append({"variant": "classifier", "metric": "n_confident", "value": float(counts[k]),
+                     "class_name": name, "model": tag})
     test = test.subset(keep[: cfg.eval.n_test_images])
     ctx.log(f"{len(keep)} confident correct test images; explaining {len(test)} with {len(arms)} arms "
             f"(N = {cfg.dave.n_samples}, α_max = {alpha})")
@@ -297,6 +305,7 @@ def _evaluate(ctx) -> None:
     # montages: GridPG and class sensitivity
     montages = _montage_pool(cfg, seed, classifier, "montage", cfg.data_cfg.n_montages, device, "m")
     ctx.log(f"{len(montages.ids)} montages of four confident cells")
+    rows.append({"variant": "classifier", "metric": "n_montages", "value": float(len(montages.ids)), "model": tag})
     if len(montages.ids):
         with ctx.progress("explaining montages", 1) as advance:
             mmaps = explain_montages(explainer, classifier, montages, arms, device)

@@ -40,12 +40,15 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
         last = train[train["step"] == train["step"].max()]
         return [metric_table(last, "Training (last epoch; run eval for the attribution tables)", ["loss", "accuracy"],
                              METHOD.metrics)]
+    confidence = rows[rows["metric"] == "n_confident"]
+    rows = rows[rows["variant"] != "classifier"]
     per_run = _per_run(rows)
     alpha = rows["alpha_max"].dropna()
     note = (f"N = {config.dave.n_samples}, α_max = {fmt(alpha.iloc[0]) if len(alpha) else '–'}; confidently correct "
             f"test images; deletion fill: blurred copy; stability_shift: mean over shifts {config.eval.shifts} px; "
             "rollout, GAE and Grad-CAM are patch-level maps upsampled bilinearly")
     out = [metric_table(per_run, "Single images: arms × metrics", SINGLE, METHOD.metrics, order=ARMS, note=note),
+           _confidence_table(confidence, frame),
            metric_table(per_run, "Montages (2×2 grids of four confident cells)", MONTAGE, METHOD.metrics, order=ARMS,
                         note="grid_pg chance = 0.25; class_sensitivity: Pearson r between two targets' maps"),
            metric_table(per_run[per_run["variant"].isin(LADDER)], "Ablation ladder", LADDER_METRICS, METHOD.metrics,
@@ -64,6 +67,21 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
         table["val grid_pg"] = table["val grid_pg"].map(lambda v: fmt(v, 3))
         out.append(Table("α_max sweep (validation montages, DAVE GridPG)", table, {"val grid_pg": "higher"}))
     return out
+
+
+def _confidence_table(confidence: pd.DataFrame, frame: pd.DataFrame) -> Table:
+    """Confidently correct test images per class, and the montages they allow: a montage needs four confident
+    classes, so a model confident on fewer leaves grid_pg and class_sensitivity unmeasured (issue 24)."""
+    montages = frame[(frame["phase"] == "eval") & (frame["metric"] == "n_montages")]["value"]
+    classes = confidence[confidence["value"] > 0]["class_name"].nunique()
+    counts = ", ".join(f"{v:.0f}" for v in montages) or "–"
+    note = f"montages of four confident classes per run: {counts}"
+    if len(montages) and (montages == 0).all():
+        plural = "es" if classes != 1 else ""
+        note += (f" — none: over all runs the model is confident on {classes} class{plural} (4 needed), so "
+                 "grid_pg and class_sensitivity are not measured (README: issue 24)")
+    return metric_table(confidence, "Confidently correct test images per class", ["n_confident"], METHOD.metrics,
+                        rows=["class_name"], note=note)
 
 
 def headline(frame: pd.DataFrame) -> dict:
