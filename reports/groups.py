@@ -61,8 +61,10 @@ def _mean_text(mean: float, low: float, high: float, unit: str) -> str:
     return f"{fmt(mean, 3)} ± {fmt((high - low) / 2, 2)}{unit}"
 
 
-def _aligned(frames: list[pd.DataFrame], keys: list) -> tuple[list[tuple], list[list[int | None]]]:
-    """Row labels and, per seed, the row index of each label (None where a seed lacks it)."""
+def _aligned(frames: list[pd.DataFrame], keys: list) -> tuple[list[tuple] | None, list[list[int | None]]]:
+    """Row labels and, per seed, the row index of each label (None where a seed lacks it). Labels are None when
+    the key columns do not name the rows uniquely (a task repeated per ratio): the rows are then aligned by
+    position, and the key columns are shown as any other text column."""
     if keys and all(not f.duplicated(subset=keys).any() for f in frames):
         labels = list(dict.fromkeys(tuple(str(v) for v in row) for f in frames
                                     for row in f[keys].itertuples(index=False)))
@@ -70,7 +72,7 @@ def _aligned(frames: list[pd.DataFrame], keys: list) -> tuple[list[tuple], list[
                  for f in frames]
         return labels, [[ix.get(label) for ix in index] for label in labels]
     n = max(len(f) for f in frames)
-    return [(str(i),) for i in range(n)], [[i if i < len(f) else None for f in frames] for i in range(n)]
+    return None, [[i if i < len(f) else None for f in frames] for i in range(n)]
 
 
 def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str | None = None) -> tuple[Table, list[dict]]:
@@ -85,6 +87,12 @@ def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str
         else:
             break
     labels, where = _aligned(frames, keys)
+    if labels is None:  # aligned by position: a row is named by its key cells (first seed holding it) and position
+        labels = []
+        for n, at in enumerate(where):
+            frame, i = next((f, i) for f, i in zip(frames, at) if i is not None)
+            labels.append(tuple(str(frame.at[i, k]) for k in keys) + (str(n),))
+        keys = []
     out_rows, cells = [], []
     for label, positions in zip(labels, where):
         row_name = " · ".join(label)

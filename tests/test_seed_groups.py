@@ -74,6 +74,16 @@ def test_tables_align_rows_by_their_text_keys_and_keep_constant_cells():
     assert frame.loc["b", "em"].startswith("0.8 ± ") and table.better == {"em": "higher"}
 
 
+def test_rows_whose_text_keys_repeat_align_by_position_and_keep_their_text():
+    """kv-compress's bootstrap table: a task per ratio, so `task` alone does not name a row."""
+    frames = [pd.DataFrame({"task": ["kv", "kv", "count"], "ratio": [0.1, 0.3, 0.1], "low": [a, b, c]})
+              for a, b, c in [(0.1, 0.2, 0.3), (0.3, 0.4, 0.5)]]
+    table, cells = aggregate_table("t", [Table("t", f) for f in frames], [0, 1])
+    assert list(table.frame["task"]) == ["kv", "kv", "count"] and list(table.frame["ratio"]) == ["0.1", "0.3", "0.1"]
+    low = {c["row"]: c["per_seed"] for c in cells if c["column"] == "low"}
+    assert low == {"kv · 0": [0.1, 0.3], "kv · 1": [0.2, 0.4], "count · 2": [0.3, 0.5]}
+
+
 def test_tagged_numbers_aggregate_when_every_seed_has_the_same_tag():
     seed0 = Table("t", pd.DataFrame({"variant": ["a", "b"], "cr": ["0.5 F", "0.9 R"]}))
     seed1 = Table("t", pd.DataFrame({"variant": ["a", "b"], "cr": ["0.7 F", "0.8 F"]}))
