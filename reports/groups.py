@@ -128,6 +128,8 @@ def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str
     first = tables[0]
     frame = pd.DataFrame(out_rows, columns=[c for c in columns if any(c in r for r in out_rows)])
     own = first.note if note is None else note
+    if len({t.note for t in tables}) > 1:  # e.g. a count of images behind a run's means: say whose note is shown
+        own = f"{own} (seed {seeds[0]}'s; it differs by seed)"
     note = " — ".join(p for p in (f"per run: {own}" if own else "", f"here: mean ± 95 % t-interval half-width over "
                                  f"seeds {', '.join(map(str, seeds))} (a within-run ± or [interval] gives way to it); "
                                  "a cell without ± is equal at every seed") if p)

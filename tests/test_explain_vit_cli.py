@@ -87,6 +87,30 @@ def test_report_says_when_no_montage_could_be_built():
     assert "not measured" not in _confidence_table(frame[frame["metric"] == "n_confident"], frame).note
 
 
+def test_report_names_the_images_behind_each_runs_means_and_omits_an_empty_montage_table():
+    """A seed confident on one image puts that image's scores into the group mean: the note gives the count per
+    run (capped at eval.n_test_images); with no montage scored, no blank montage table is drawn."""
+    import pandas as pd
+
+    from icml.methods.explain_vit.config import preset
+    from icml.methods.explain_vit.report import tables
+
+    cfg = preset("default")
+    confident = {"a": [("ring", 0.0), ("bar_pair", 53.0)], "b": [("ring", 0.0), ("bar_pair", 1.0)],
+                 "c": [("ring", 200.0), ("bar_pair", 400.0)]}
+    rows = [dict(phase="eval", variant="classifier", metric="n_confident", value=v, class_name=c, run_id=r)
+            for r, counts in confident.items() for c, v in counts]
+    rows += [dict(phase="eval", variant="classifier", metric="n_montages", value=0.0, run_id=r) for r in confident]
+    rows += [dict(phase="eval", variant="dave", metric="energy_pg", value=0.5, run_id=r, alpha_max=0.1)
+             for r in confident]
+    frame = pd.DataFrame(rows).assign(split="test", fill=None)
+    frame["seed"] = frame["run_id"].map({"a": 0, "b": 1, "c": 2})
+    out = tables(frame, cfg)
+    single = next(t for t in out if t.title.startswith("Single images"))
+    assert f"test images (53, 1, {cfg.eval.n_test_images} explained)" in single.note
+    assert not any(t.title.startswith("Montages") for t in out)
+
+
 def test_explain_verb_through_run_and_model(run, tmp_path):
     from PIL import Image
 

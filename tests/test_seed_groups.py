@@ -84,6 +84,14 @@ def test_rows_whose_text_keys_repeat_align_by_position_and_keep_their_text():
     assert low == {"kv · 0": [0.1, 0.3], "kv · 1": [0.2, 0.4], "count · 2": [0.3, 0.5]}
 
 
+def test_a_note_that_differs_by_seed_says_whose_it_is():
+    frame = pd.DataFrame({"variant": ["a"], "em": [0.5]})
+    same, _ = aggregate_table("t", [Table("t", frame, note="n = 5"), Table("t", frame, note="n = 5")], [0, 1])
+    assert same.note.startswith("per run: n = 5 — here:")
+    differ, _ = aggregate_table("t", [Table("t", frame, note="n = 5"), Table("t", frame, note="n = 1")], [2, 3])
+    assert differ.note.startswith("per run: n = 5 (seed 2's; it differs by seed) — here:")
+
+
 def test_tagged_numbers_aggregate_when_every_seed_has_the_same_tag():
     seed0 = Table("t", pd.DataFrame({"variant": ["a", "b"], "cr": ["0.5 F", "0.9 R"]}))
     seed1 = Table("t", pd.DataFrame({"variant": ["a", "b"], "cr": ["0.7 F", "0.8 F"]}))

@@ -45,18 +45,20 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
     per_run = _per_run(rows)
     alpha = rows["alpha_max"].dropna()
     note = (f"N = {config.dave.n_samples}, α_max = {fmt(alpha.iloc[0]) if len(alpha) else '–'}; confidently correct "
-            f"test images; deletion fill: blurred copy; stability_shift: mean over shifts {config.eval.shifts} px; "
+            f"test images ({_explained(confidence, config)} explained); deletion fill: blurred copy; stability_shift: mean over shifts {config.eval.shifts} px; "
             "rollout, GAE and Grad-CAM are patch-level maps upsampled bilinearly")
     out = [metric_table(per_run, "Single images: arms × metrics", SINGLE, METHOD.metrics, order=ARMS, note=note),
-           _confidence_table(confidence, frame),
-           metric_table(per_run, "Montages (2×2 grids of four confident cells)", MONTAGE, METHOD.metrics, order=ARMS,
-                        note="grid_pg chance = 0.25; class_sensitivity: Pearson r between two targets' maps"),
-           metric_table(per_run[per_run["variant"].isin(LADDER)], "Ablation ladder", LADDER_METRICS, METHOD.metrics,
-                        order=LADDER, note="input_x_grad → weff (W_eff⊙x) → +Reynolds averaging → +noise schedule → "
-                                           "+MAD aggregation → +post-processing (dave)"),
-           metric_table(per_run, "Identities", ["completeness_gap", "opvar_ratio"], METHOD.metrics, order=ARMS,
-                        note="completeness_gap: |Σc − z_y|/|z_y| on a bias-zeroed copy (W_eff⊙x is exact, ∇⊙x is "
-                             "not); opvar_ratio: ‖∇z_y − W_eff‖/‖∇z_y‖ on the trained model")]
+           _confidence_table(confidence, frame)]
+    if per_run["metric"].isin(MONTAGE).any():  # without montages the confidence table's note says why
+        out.append(metric_table(per_run, "Montages (2×2 grids of four confident cells)", MONTAGE, METHOD.metrics,
+                                order=ARMS,
+                                note="grid_pg chance = 0.25; class_sensitivity: Pearson r between two targets' maps"))
+    out += [metric_table(per_run[per_run["variant"].isin(LADDER)], "Ablation ladder", LADDER_METRICS, METHOD.metrics,
+                         order=LADDER, note="input_x_grad → weff (W_eff⊙x) → +Reynolds averaging → +noise schedule → "
+                                            "+MAD aggregation → +post-processing (dave)"),
+            metric_table(per_run, "Identities", ["completeness_gap", "opvar_ratio"], METHOD.metrics, order=ARMS,
+                         note="completeness_gap: |Σc − z_y|/|z_y| on a bias-zeroed copy (W_eff⊙x is exact, ∇⊙x is "
+                              "not); opvar_ratio: ‖∇z_y − W_eff‖/‖∇z_y‖ on the trained model")]
     constant = frame[(frame["phase"] == "eval") & (frame["fill"] == "constant")]
     if not constant.empty:
         out.append(metric_table(_per_run(constant), "Deletion with a constant fill", SINGLE[3:6], METHOD.metrics,
@@ -67,6 +69,15 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
         table["val grid_pg"] = table["val grid_pg"].map(lambda v: fmt(v, 3))
         out.append(Table("α_max sweep (validation montages, DAVE GridPG)", table, {"val grid_pg": "higher"}))
     return out
+
+
+def _explained(confidence: pd.DataFrame, config) -> str:
+    """Images behind each run's single-image means: its confident test images, at most eval.n_test_images — a seed
+    confident on a single image contributes that one image's scores to the group mean (issue 24)."""
+    if confidence.empty:
+        return "–"
+    per_run = confidence.groupby("run_id", sort=False)["value"].sum().clip(upper=config.eval.n_test_images)
+    return ", ".join(f"{v:.0f}" for v in per_run)
 
 
 def _confidence_table(confidence: pd.DataFrame, frame: pd.DataFrame) -> Table:
