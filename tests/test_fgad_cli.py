@@ -170,3 +170,32 @@ def test_a_client_split_without_anomalies_keeps_the_last_epoch_with_nan_metrics(
     scored = frame[(frame["metric"] == "auroc") & (frame["group"] == "all") & (frame["agg"] == "pooled")]
     assert set(scored["variant"]) >= {"mvfgad", "local_only", "fedavg_dominant"}
     assert scored["value"].notna().all()  # the kept last epoch/round scores every node
+
+
+def test_one_run_judges_the_claims_over_its_grid_seeds():
+    """A run trains seeds 123–125 itself: its report pairs each claim's arms within a grid seed (same graph
+    and partition) and takes the t-interval over the seeds; rows at another K or group do not count."""
+    import pandas as pd
+    from scipy import stats
+
+    from icml.methods.fgad.report import _grid_claims
+    from icml.reports.tables import fmt
+
+    auroc = {"mvfgad": [0.80, 0.84, 0.83], "local_only": [0.78, 0.83, 0.80], "fedavg_dominant": [0.52, 0.50, 0.60]}
+    rows = [{"phase": "eval", "metric": "auroc", "variant": variant, "K": K, "group": group, "agg": "client_weighted",
+             "seed": seed, "value": value if (K, group) == (10, "all") else 0.0}
+            for variant, values in auroc.items() for seed, value in zip([123, 124, 125], values)
+            for K, group in [(10, "all"), (3, "all"), (10, "str_weak")]]
+    frame = pd.DataFrame(rows)
+    (table,) = _grid_claims(frame)
+    local, dominant = table.frame.to_dict("records")
+    for row, b in ((local, "local_only"), (dominant, "fedavg_dominant")):
+        diffs = np.subtract(auroc["mvfgad"], auroc[b])
+        half = stats.t.ppf(0.975, 2) * diffs.std(ddof=1) / np.sqrt(3)
+        assert row["per seed"] == " / ".join(fmt(d, 3) for d in diffs)
+        assert row["a − b"] == fmt(diffs.mean(), 3)
+        assert row["95 % interval"] == f"[{fmt(diffs.mean() - half, 3)}, {fmt(diffs.mean() + half, 3)}]"
+    # mvfgad − local_only: 0.02 / 0.01 / 0.03, interval [−0.005, 0.045] crosses zero; − dominant lies above it
+    assert (local["verdict"], dominant["verdict"]) == ("not shown", "holds")
+    assert "seeds 123, 124, 125" in table.note
+    assert _grid_claims(frame[frame["seed"] == 123]) == []  # one seed: nothing to judge
