@@ -197,5 +197,5 @@ def test_one_run_judges_the_claims_over_its_grid_seeds():
         assert row["95 % interval"] == f"[{fmt(diffs.mean() - half, 3)}, {fmt(diffs.mean() + half, 3)}]"
     # mvfgad − local_only: 0.02 / 0.01 / 0.03, interval [−0.005, 0.045] crosses zero; − dominant lies above it
     assert (local["verdict"], dominant["verdict"]) == ("not shown", "holds")
-    assert "seeds 123, 124, 125" in table.note
+    assert "seeds 123, 124, 125" in table.note and "grid seeds" in table.title
     assert _grid_claims(frame[frame["seed"] == 123]) == []  # one seed: nothing to judge

@@ -129,7 +129,9 @@ def _grid_claims(official: pd.DataFrame) -> list[Table]:
     if len(seeds) < 2:
         return []
     claims = judge_claims(CLAIMS, [official[official["seed"] == s] for s in seeds], METHOD.metrics)
-    return [claims_table(claims, seeds)]
+    table = claims_table(claims, seeds)
+    table.title = "claims (paired differences over the run's grid seeds)"  # not the group's, over run seeds
+    return [table]
 
 
 def headline(frame: pd.DataFrame) -> dict:
