@@ -268,6 +268,9 @@ def train_seeds(method: Method, store: RunStore, *, seeds: list[int], preset: st
     from .workers import run_in_workers
 
     inputs = inputs or {}
+    if method.deterministic:
+        raise UsageError(f"{method.name} gives the same results at every seed ({method.deterministic}): "
+                         "--seeds would make copies, not seeds", "train one run, without --seeds")
     _, preset, _ = resolve_config(method, preset, seeds[0], config_file, input_overrides(method, inputs) + overrides)
     resolve_device(device)
     group = new_group_id(preset, seeds)

@@ -33,6 +33,10 @@ class Method:
     metrics: dict[str, str | None] = field(default_factory=dict)  # metric -> higher | lower | None
     variants: tuple[str, ...] = ()
     extra_verbs: bool = False
+    # Non-empty when every run seed gives the same results by design (why, in a few words): `--seeds`
+    # then refuses, since copies of one run would pass for seeds. Otherwise the run seed must reach every
+    # random choice of the method (data, injection, partition, init) — tests/test_seeds.py checks it.
+    deterministic: str = ""
 
     def part(self, name: str) -> ModuleType:
         return importlib.import_module(f"{self.package}.{name}")

@@ -22,7 +22,7 @@ import pandas as pd
 from icml.cli import registry
 from icml.cli.errors import UsageError
 from icml.cli.runstore import Run, RunStore, atomic_write_text
-from icml.reports.claims import Claim, arm_label, arm_value, verdict
+from icml.reports.claims import Claim, ClaimError, arm_label, arm_value, pooled_values, verdict
 from icml.reports.stats import T_INTERVAL, t_interval
 from icml.reports.tables import Table, fmt, full_precision
 
@@ -75,10 +75,14 @@ def _aligned(frames: list[pd.DataFrame], keys: list) -> tuple[list[tuple] | None
     return None, [[i if i < len(f) else None for f in frames] for i in range(n)]
 
 
-def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str | None = None) -> tuple[Table, list[dict]]:
+def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str | None = None,
+                    shown: list[Table] | None = None) -> tuple[Table, list[dict]]:
     """One table over seeds (display) and its numeric cells (tidy rows for groups.parquet); `note`: the
-    method's note of the table as one run's report shows it (default: the first seed's)."""
+    method's note of the table as one run's report shows it (default: the first seed's). `tables` are
+    built at full precision (their numbers enter the intervals); `shown`, the same tables as each run's
+    own report displays them, give the text of text cells (a range '0.41 – 0.58', a per-seed list)."""
     frames = [t.frame.reset_index(drop=True) for t in tables]
+    shown_frames = [t.frame.reset_index(drop=True) for t in shown] if shown is not None else frames
     columns = list(dict.fromkeys(c for f in frames for c in f.columns))
     keys = []
     for column in columns:  # the leading text columns name the rows (variant, task, …)
@@ -96,7 +100,8 @@ def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str
     out_rows, cells = [], []
     for label, positions in zip(labels, where):
         row_name = " · ".join(label)
-        display = dict(zip(keys, label)) if keys else {}
+        first = next(k for k, i in enumerate(positions) if i is not None)
+        display = {k: _shown_cell(shown_frames[first], positions[first], k, text) for k, text in zip(keys, label)}
         for column in columns:
             if column in keys:
                 continue
@@ -106,8 +111,9 @@ def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str
             tags = {u for number, u in parsed if number is not None and not math.isnan(number)}
             if any(number is None for number, _ in parsed) or len(tags) > 1:  # text: as is when equal, else per seed
                 texts = [fmt(v) if v is not None else "–" for v in raw]
-                display[column] = texts[0] if len(set(texts)) == 1 else " | ".join(
-                    f"s{s}: {t}" for s, t in zip(seeds, texts))
+                seen = [_shown_cell(f, i, column, t) for f, i, t in zip(shown_frames, positions, texts)]
+                display[column] = seen[0] if len(set(seen)) == 1 else " | ".join(
+                    f"s{s}: {t}" for s, t in zip(seeds, seen))
                 continue
             values = [number for number, _ in parsed]
             unit = next((u for number, u in parsed if u), "")
@@ -136,12 +142,26 @@ def aggregate_table(title: str, tables: list[Table], seeds: list[int], note: str
     return Table(title, frame, dict(first.better), note), cells
 
 
+def _shown_cell(frame: pd.DataFrame, i: int | None, column, fallback: str) -> str:
+    """A cell as the run's own report displays it (the full-precision text where the display lacks it)."""
+    if i is None or column not in frame.columns or i >= len(frame):
+        return fallback
+    return fmt(frame.at[i, column])
+
+
 def judge_claims(claims: list[Claim], frames: list[pd.DataFrame], better: dict) -> list[dict]:
     """Each claim at every seed (paired: both arms from that seed's run) and over seeds."""
     out = []
     for claim in claims:
-        a = [arm_value(f, claim, claim.a) for f in frames]
-        b = [arm_value(f, claim, claim.b) for f in frames]
+        try:
+            a = [arm_value(f, claim, claim.a) for f in frames]
+            b = [arm_value(f, claim, claim.b) for f in frames]
+            pooled = pooled_values(frames, claim)
+        except ClaimError as exc:  # the method's declaration is at fault: no number, the reason instead
+            a = b = [math.nan] * len(frames)
+            pooled, error = {}, f"declaration error: {exc}"
+        else:
+            error = None
         diffs = [x - y for x, y in zip(a, b)]
         mean, low, high, sd, n = t_interval(diffs)
         a_mean, a_low, a_high, _, _ = t_interval(a)
@@ -152,13 +172,15 @@ def judge_claims(claims: list[Claim], frames: list[pd.DataFrame], better: dict) 
                     "n": n, "mean": mean, "ci_low": low, "ci_high": high, "sd": sd, "per_seed": diffs,
                     "a_mean": a_mean, "a_ci_low": a_low, "a_ci_high": a_high,
                     "b_mean": b_mean, "b_ci_low": b_low, "b_ci_high": b_high,
-                    "verdict": verdict(low, high, direction) if n == len(frames) else
-                    f"missing at {len(frames) - n} seed(s)" if n else "no rows"})
+                    "pooled": "; ".join(f"mean over {tag} = {', '.join(map(str, values))}"
+                                        for tag, values in pooled.items()),
+                    "verdict": error or (verdict(low, high, direction, diffs) if n == len(frames) else
+                                         f"missing at {len(frames) - n} seed(s)" if n else "no rows")})
     return out
 
 
 def claims_table(claims: list[dict], seeds: list[int]) -> Table:
-    rows = [{"claim": c["claim"], "a": c["a"], "b": c["b"], "claimed": c["expect"],
+    rows = [{"claim": c["claim"] + (f" ({c['pooled']})" if c.get("pooled") else ""), "a": c["a"], "b": c["b"], "claimed": c["expect"],
              "a (mean ± CI)": _mean_text(c["a_mean"], c["a_ci_low"], c["a_ci_high"], ""),
              "b (mean ± CI)": _mean_text(c["b_mean"], c["b_ci_low"], c["b_ci_high"], ""),
              "a − b": fmt(c["mean"], 3),
@@ -230,17 +252,19 @@ def build_group(runs: list[Run], group_id: str | None = None) -> SeedGroup:
     method = registry.get(methods.pop())
     with full_precision():  # each seed's tables at full precision: display rounding stays out of the means
         sections = [build_section(run, with_plots=False) for run in runs]
-    notes = {t.title: t.note for t in build_section(runs[0], with_plots=False).tables}  # notes as displayed
+    displayed = [build_section(run, with_plots=False) for run in runs]  # text cells and notes as shown
+    notes = {t.title: t.note for t in displayed[0].tables}
     if any(s.frame.empty for s in sections):
         empty = [str(s.run.path) for s in sections if s.frame.empty]
         raise UsageError(f"runs without results: {', '.join(empty)}", f"evaluate them: icml {method.name} eval --group …")
     titles = list(dict.fromkeys(t.title for s in sections for t in s.tables))
     tables, numbers = [], []
     for title in titles:
-        present = [(seed, next(t for t in s.tables if t.title == title)) for seed, s in zip(seeds, sections)
-                   if any(t.title == title for t in s.tables)]
-        table, cells = aggregate_table(title, [t for _, t in present], [seed for seed, _ in present],
-                                       notes.get(title))
+        present = [(seed, next(t for t in s.tables if t.title == title), next(t for t in d.tables if t.title == title))
+                   for seed, s, d in zip(seeds, sections, displayed)
+                   if any(t.title == title for t in s.tables) and any(t.title == title for t in d.tables)]
+        table, cells = aggregate_table(title, [t for _, t, _ in present], [seed for seed, _, _ in present],
+                                       notes.get(title), shown=[t for _, _, t in present])
         tables.append(table)
         numbers += cells
     try:

@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from icml.reports.claims import HOLDS, NOT_SHOWN, REVERSED, TOO_FEW, Claim, arm_value, verdict
-from icml.reports.groups import aggregate_table, parse_cell
+from icml.reports.claims import (HOLDS, IDENTICAL, NOT_SHOWN, REVERSED, TOO_FEW, Claim, ClaimError, arm_value,
+                                 verdict)
+from icml.reports.groups import aggregate_table, judge_claims, parse_cell
 from icml.reports.stats import t_interval
 from icml.reports.tables import Table
 
@@ -42,6 +43,45 @@ def test_verdict_needs_the_interval_to_exclude_zero_on_the_claimed_side():
     assert verdict(-0.05, -0.01, "lower") == HOLDS  # lower-is-better metric: a − b < 0 is the claim
     assert verdict(0.0, 0.05, "higher") == NOT_SHOWN  # touching zero does not exclude it
     assert verdict(float("nan"), float("nan"), "higher") == TOO_FEW
+
+
+def test_a_difference_equal_at_every_seed_is_not_shown_never_holds():
+    """Copies of one run (a seed that reaches nothing) give the same difference at every seed: its
+    zero-width interval [0.0469, 0.0469] excludes zero, yet it is no evidence."""
+    frames = [pd.DataFrame({"phase": "eval", "metric": "auroc", "variant": ["m", "b"], "step": 0,
+                            "value": [0.9469, 0.9]}) for _ in range(3)]
+    (claim,) = judge_claims([Claim("m beats b", "auroc", "m", "b")], frames, {"auroc": "higher"})
+    assert claim["per_seed"] == [claim["per_seed"][0]] * 3 and claim["ci_low"] == claim["ci_high"]
+    assert verdict(claim["ci_low"], claim["ci_high"], "higher") == HOLDS  # what the interval alone would say
+    assert claim["verdict"] == IDENTICAL
+    assert verdict(0.01, 0.05, "higher", [0.02, 0.03, 0.04]) == HOLDS  # differences that vary are judged
+
+
+def test_a_claim_that_averages_an_unpinned_tag_is_a_declaration_error():
+    """event-classify's secnet arm matched its N = 1024 and N = 512 rows and averaged them, silently."""
+    frame = pd.DataFrame({"phase": "eval", "metric": "acc", "variant": ["secnet", "secnet", "cnn"],
+                          "N": [1024, 512, 1024], "split": "test", "step": 0, "value": [0.9, 0.5, 0.6]})
+    pooled = Claim("secnet beats cnn", "acc", "secnet", "cnn")
+    with pytest.raises(ClaimError, match=r"averages rows of N = 1024, 512"):
+        arm_value(frame, pooled, "secnet")
+    (row,) = judge_claims([pooled], [frame, frame], {"acc": "higher"})
+    assert row["verdict"].startswith("declaration error") and math.isnan(row["mean"])
+    pinned = Claim("secnet beats cnn at N = 1024", "acc", "secnet", "cnn", where={"N": 1024})
+    assert arm_value(frame, pinned, "secnet") == 0.9
+    on_purpose = Claim("secnet beats cnn, mean over N", "acc", "secnet", {"variant": "cnn"}, pool=("N",))
+    assert arm_value(frame, on_purpose, "secnet") == pytest.approx(0.7, abs=1e-15)
+    (row,) = judge_claims([on_purpose], [frame, frame], {"acc": "higher"})
+    assert row["pooled"] == "mean over N = 1024, 512"
+
+
+def test_group_text_cells_read_as_each_run_shows_them():
+    """A text cell (a range) built at full precision for the means is shown at the run's own precision."""
+    full = [Table("t", pd.DataFrame({"case": ["h = 0.01000000000000000021"], "kl": [0.25],
+                                     "range": ["1.4900434672165244 – 1.6462874768305062"]}))] * 2
+    shown = [Table("t", pd.DataFrame({"case": ["h = 0.01"], "kl": [0.25], "range": ["1.49 – 1.646"]}))] * 2
+    table, _ = aggregate_table("t", full, [0, 1], shown=shown)
+    assert table.frame.loc[0, "range"] == "1.49 – 1.646"  # a text cell
+    assert table.frame.loc[0, "case"] == "h = 0.01"  # a text key naming the row
 
 
 def test_cells_parse_numbers_percentages_and_within_run_intervals():
@@ -106,7 +146,7 @@ def test_claim_arms_are_means_of_their_matching_rows():
     frame = pd.DataFrame({"phase": "eval", "metric": "em", "variant": ["x", "x", "y", "y", "x"],
                           "task": ["t1", "t2", "t1", "t2", "t1"], "ratio": [0.3, 0.3, 0.3, 0.3, 0.5],
                           "step": 0, "value": [0.2, 0.4, 0.1, 0.1, 0.9]})
-    claim = Claim("x beats y", "em", "x", "y", where={"ratio": 0.3})
+    claim = Claim("x beats y, mean over tasks", "em", "x", "y", where={"ratio": 0.3}, pool=("task",))
     assert arm_value(frame, claim, "x") == pytest.approx(0.3, abs=1e-15)
     assert arm_value(frame, claim, {"variant": "y", "task": "t2"}) == 0.1
     assert math.isnan(arm_value(frame, Claim("c", "em", "z", "y"), "z"))
@@ -182,6 +222,20 @@ def test_bad_seed_input_is_one_line(icml, toy, argv, problem):
     result = icml(*argv)
     assert result.code == 2 and problem in result.err
     assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+
+
+def test_seeds_refuse_a_method_that_is_deterministic_by_design(toy, tmp_path):
+    import dataclasses
+
+    from icml.cli import lifecycle, registry
+    from icml.cli.errors import UsageError
+    from icml.cli.runstore import RunStore
+
+    method = dataclasses.replace(registry.get("toy"), deterministic="closed forms only")
+    with pytest.raises(UsageError, match=r"same results at every seed \(closed forms only\)") as caught:
+        lifecycle.train_seeds(method, RunStore(tmp_path / "runs"), seeds=[0, 1], preset="smoke", device="cpu",
+                              config_file=None, overrides=[])
+    assert "without --seeds" in caught.value.line() and not (tmp_path / "runs").exists()
 
 
 def _values(run: Path) -> pd.DataFrame:
