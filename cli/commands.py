@@ -27,26 +27,38 @@ def guarded(fn: Callable) -> Callable:
         global _debug
         _debug = bool(kwargs.get("debug"))
         console.set_quiet(bool(kwargs.get("quiet")) or bool(kwargs.get("json_")))
+        as_json = bool(kwargs.get("json_"))
         try:
             return fn(*args, **kwargs)
         except IcmlError as exc:
             if debugging():
                 raise
-            console.error(exc.line())
-            raise SystemExit(exc.exit_code) from None
+            fail(exc.problem, exc.fix, exc.exit_code, as_json)
         except KeyboardInterrupt:
-            console.error("interrupted")
-            raise SystemExit(130) from None
-        except (SystemExit, MemoryError):
+            fail("interrupted", None, 130, as_json)
+        except SystemExit as exc:  # the lifecycle's Ctrl-C (130) has printed its line; --json still gets its object
+            if as_json and exc.code == 130:
+                console.emit_json({"status": "interrupted", "error": "interrupted", "fix": None, "exit_code": 130})
+            raise
+        except MemoryError:
             raise
         except Exception as exc:  # an unexpected failure: still one line unless --debug
             if debugging():
                 raise
             message = str(exc).splitlines()[0] if str(exc) else ""
-            console.error(f"{type(exc).__name__}: {message} — rerun with --debug for the traceback")
-            raise SystemExit(1) from None
+            fail(f"{type(exc).__name__}: {message}", "rerun with --debug for the traceback", 1, as_json)
 
     return wrapper
+
+
+def fail(problem: str, fix: str | None, exit_code: int, as_json: bool = False):
+    """End a command on an error: one line on stderr and, under --json, one JSON object on stdout
+    (status, error, fix, exit_code), so `RD=$(icml … --json | jq -r .run_dir)` fails on a clear object
+    rather than reading an empty stdout."""
+    console.error(f"{problem} — {fix}" if fix else problem)
+    if as_json:
+        console.emit_json({"status": "error", "error": problem, "fix": fix, "exit_code": exit_code})
+    raise SystemExit(exit_code) from None
 
 
 def store(runs_dir: Path | None) -> RunStore:

@@ -1,4 +1,4 @@
-"""Where output goes: humans read stderr (rich tables, progress), pipelines read stdout.
+"""Where output goes: humans read stderr (messages, progress), pipelines read stdout (listings, reports).
 
 `--json` prints exactly one JSON object on stdout; `--quiet` silences the human channel
 but never errors.
@@ -42,6 +42,30 @@ def error(line: str) -> None:
     """
     sys.stderr.write(f"icml: error: {line}\n")
     sys.stderr.flush()
+
+
+def listing(title: str, header: list[str], rows: list[list[str]]) -> None:
+    """A listing is data: it goes to stdout, whole. On a terminal, a rich table whose first column (the
+    key: a method, a run id) is never cut; into a pipe or file, plain columns two spaces apart with no
+    width limit, so `icml runs | grep fgad` and `awk '{print $NF}'` see every id and path in full."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    if sys.stdout.isatty():
+        from rich.table import Table
+
+        out = Console(highlight=False)
+        shown = len(header)  # too narrow a terminal drops columns from the right, never cuts a cell
+        while shown > 1 and sum(widths[:shown]) + 3 * shown + 1 > out.width:
+            shown -= 1
+        table = Table(*header[:shown], title=title, title_justify="left",
+                      caption=f"(a wider terminal shows {', '.join(header[shown:])})" if shown < len(header) else None)
+        for row in rows:
+            table.add_row(*row[:shown])
+        out.print(table)
+        return
+    for cells in [header] + rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _jsonable(value: Any) -> Any:

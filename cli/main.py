@@ -6,6 +6,7 @@ their heavy dependencies when they run.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -43,12 +44,8 @@ def list_methods(json_: Json = False, quiet: Quiet = False, debug: Debug = False
         console.emit_json({"methods": [{"name": m.name, "title": m.title, "arxiv": m.arxiv,
                                         "status": m.status, "summary": m.summary} for m in methods]})
         return
-    from rich.table import Table
-
-    table = Table("method", "paper", "arXiv", "status", title="icml methods", title_justify="left")
-    for m in methods:
-        table.add_row(m.name, m.title, m.arxiv, m.status)
-    console.err.print(table)  # listing is the point of the command: shown even without a TTY
+    console.listing("icml methods", ["method", "status", "arXiv", "paper"],
+                    [[m.name, m.status, m.arxiv, m.title] for m in methods])
 
 
 @app.command("runs")
@@ -73,16 +70,16 @@ def list_runs(method: MethodName = None, runs_dir: RunsDir = None, json_: Json =
     if json_:
         console.emit_json({"runs": rows})
         return
-    from rich.table import Table
-
-    table = Table("run", "method", "preset", "seed", "train", "eval", "started", title="runs",
-                  title_justify="left")
+    if not rows:
+        console.say(f"no runs yet in '{store(runs_dir).root}'")
+        return
+    table = []
     for row in rows:
         phases = row.get("phases", {})
-        table.add_row(row.get("run_id", row["run_dir"]), row.get("method", "?"), row.get("preset", "?"),
+        table.append([row.get("run_id", Path(row["run_dir"]).name), row.get("method", "?"), str(row.get("preset", "?")),
                       str(row.get("seed", "?")), phases.get("train", row["status"]), phases.get("eval", "–"),
-                      str(row.get("started", "")))
-    console.err.print(table if rows else "no runs yet")
+                      str(row.get("started", "")), row["run_dir"]])
+    console.listing("runs", ["run", "method", "preset", "seed", "train", "eval", "started", "run dir"], table)
 
 
 @app.command("report")
@@ -134,6 +131,16 @@ def build_app() -> typer.Typer:
 ClickUsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
+def _failed(problem: str, fix: str | None, exit_code: int, argv: list[str] | None) -> int:
+    """An error click found before our command ran: the same line, and the JSON object under --json."""
+    from icml.cli.commands import fail
+
+    try:
+        fail(problem, fix, exit_code, "--json" in (sys.argv[1:] if argv is None else argv))
+    except SystemExit:
+        return exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: click's usage errors become one line and exit code 2."""
     command = typer.main.get_command(build_app())
@@ -147,11 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.format_message()
         path = ctx.command_path if ctx is not None else "icml"
         fix = "run 'icml list' to see the methods" if "No such command" in message else f"see '{path} --help'"
-        console.error(f"{message} — {fix}")
-        return 2
+        return _failed(message, fix, 2, argv)
     except typer.Abort:
-        console.error("aborted")
-        return 130
+        return _failed("aborted", None, 130, argv)
     return result if isinstance(result, int) else 0
 
 

@@ -9,7 +9,6 @@ appending never loses earlier rows.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import IcmlError
+from .runstore import temp_sibling
 
 CORE_COLUMNS: list[tuple[str, pa.DataType]] = [
     ("run_id", pa.string()),
@@ -63,9 +63,7 @@ def to_table(frame: pd.DataFrame, schema: pa.Schema) -> pa.Table:
 
 
 def atomic_write_table(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = temp_sibling(path)
     try:
         pq.write_table(table, tmp)
         os.replace(tmp, path)

@@ -28,11 +28,32 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+_umask: int | None = None
+
+
+def file_mode() -> int:
+    """The mode an ordinary `open(path, "w")` gives a new file here: 0666 less the process's umask."""
+    global _umask
+    if _umask is None:
+        _umask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+        os.umask(_umask)
+    return 0o666 & ~_umask
+
+
+def temp_sibling(path: Path) -> str:
+    """A new empty temporary file beside `path`, for a write that is renamed onto it. mkstemp makes it
+    0600; it gets the umask's mode instead, so a run on a shared --runs-dir stays readable by others."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.chmod(tmp, file_mode())
+    return tmp
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = temp_sibling(path)
     try:
-        with os.fdopen(fd, "w") as handle:
+        with open(tmp, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
     finally:

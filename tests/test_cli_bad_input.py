@@ -115,3 +115,33 @@ def test_debug_raises_instead_of_one_line(icml, trained):
     (trained / "metrics.parquet").write_bytes(b"garbage")
     with pytest.raises(IcmlError, match="is corrupt"):
         main(["toy", "report", str(trained), "--debug"])
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["toy", "train", "--preset", "nope"], "unknown preset 'nope'"),  # our validation
+    (["toy", "train", "--bogus"], "No such option: --bogus"),  # click's, before any command runs
+    (["toy", "eval", "/nonexistent/run"], "/nonexistent/run"),
+])
+def test_json_errors_are_one_json_object_on_stdout(icml, toy, argv, problem):
+    """`RD=$(icml … --json | jq -r .run_dir)` must fail on a clear object, not read an empty stdout."""
+    result = icml(*argv, "--json")
+    one_error_line(result, problem)
+    doc = result.json()
+    assert doc["status"] == "error" and problem in doc["error"] and doc["fix"] and doc["exit_code"] == result.code == 2
+
+
+def test_listings_are_data_on_stdout_with_whole_ids(icml, toy, tmp_path):
+    """`icml runs | grep …` and `icml list | grep …` see every row, whole (no terminal: plain columns)."""
+    assert icml("toy", "train", "--preset", "smoke", "--seeds", "0,1").code == 0
+    result = icml("runs")
+    runs = sorted((tmp_path / "runs" / "toy").iterdir())
+    lines = result.out.splitlines()
+    assert result.code == 0 and lines[0].split() == ["run", "method", "preset", "seed", "train", "eval", "started",
+                                                     "run", "dir"]
+    for run in runs:
+        (line,) = [line for line in lines if run.name in line]
+        assert line.split()[0] == run.name and line.split()[-1] == str(run)  # the id and the run dir, uncut
+    listing = icml("list").out
+    from icml.cli.registry import METHODS
+
+    assert all(any(line.split()[0] == name for line in listing.splitlines()) for name in METHODS)

@@ -182,3 +182,23 @@ def test_progress_bars_only_on_a_terminal_and_never_when_quiet(monkeypatch):
                 advance(1)
         assert ("looping" in buffer.getvalue()) == expect_bar
     console.set_quiet(False)
+
+
+def test_results_are_written_with_the_umask_mode_not_0600(tmp_path):
+    """Atomic writes go through mkstemp, which makes 0600 files: on a shared --runs-dir nobody else
+    could read a colleague's metrics.parquet, run.json or report. A fresh process (the umask is read
+    once per process) under umask 022 must give 0644 files, and under 077 keep them private."""
+    for umask, mode in ((0o022, 0o644), (0o077, 0o600)):
+        runs, out = tmp_path / f"runs{umask:o}", tmp_path / f"report{umask:o}.html"
+        script = (f"import os, sys; os.umask({umask}); sys.path.insert(0, {str(TESTS)!r}); "
+                  "from icml.cli import registry; registry.METHODS['toy'] = 'toy_method'; "
+                  "from icml.cli.main import main; "
+                  f"assert main(['toy', 'train', '--preset', 'smoke', '--runs-dir', {str(runs)!r}]) == 0; "
+                  f"assert main(['toy', 'eval', '--runs-dir', {str(runs)!r}]) == 0; "
+                  f"assert main(['report', '--all', '--runs-dir', {str(runs)!r}, '--format', 'html', "
+                  f"'--out', {str(out)!r}]) == 0")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        run = only_run(runs)
+        written = [run / "run.json", run / "config.json", run / "metrics.parquet", out]
+        assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(mode) for p in written}

@@ -161,7 +161,8 @@ def test_json_and_bad_inputs(icml, tiny_run, tmp_path):
     result = icml("soup", "report", str(tiny_run), "--format", "json")
     assert result.code == 0 and json.loads(result.out)
     result = icml("soup", "train", "--set", "ingredients=mae,simclr", "--json")
-    assert result.code == 2 and "unknown SSL algorithm 'simclr'" in result.err and result.out == ""
+    assert result.code == 2 and "unknown SSL algorithm 'simclr'" in result.err
+    assert result.json()["status"] == "error" and result.json()["exit_code"] == 2
     result = icml("soup", "train", "--set", "order=both")
     assert result.code == 2 and "order must be one of" in result.err
     result = icml("soup", "train", "--model", str(tmp_path))
