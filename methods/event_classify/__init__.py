@@ -16,7 +16,7 @@ METHOD = Method(
     validate=validate,
     tags={"dataset": "string", "n_points": "int64", "s1": "int64", "k": "int64", "d0": "int64",
           "windows": "int64", "sweep": "string", "stage": "int64", "axis": "string", "part": "string",
-          "true_class": "string", "pred_class": "string"},
+          "true_class": "string", "pred_class": "string", "budget": "string"},
     metrics={"window_acc": HIGHER, "sample_acc": HIGHER, "params": LOWER, "macs_total": LOWER,
              "macs_embed": LOWER, "macs_spatial_fa": LOWER, "macs_temporal_fa": LOWER, "macs_pool": LOWER,
              "macs_residual": LOWER, "macs_head": LOWER, "macs_temporal_scores": LOWER, "grouping_ops": LOWER, "params_temporal_fa": None,

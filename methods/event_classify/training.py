@@ -36,7 +36,7 @@ class Budget:
 
     def tags(self, dataset: str, windows: int) -> dict:
         return {"dataset": dataset, "n_points": self.n_points, "s1": self.groups[0], "k": self.k, "d0": self.d0,
-                "windows": windows, "sweep": "none"}
+                "windows": windows, "sweep": "none", "budget": self.name}
 
 
 def majority_vote(logits: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
