@@ -74,15 +74,43 @@ def run_in_workers(workers: int, jobs: list[tuple[Any, Callable, tuple]],
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_leave_ctrl_c_to_the_parent)
     try:
         pending = {pool.submit(fn, *args): key for key, fn, args in jobs}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 on_done(pending.pop(future), future.result())
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _leave_ctrl_c_to_the_parent() -> None:
+    """In each worker: Ctrl-C reaches the whole process group, and a worker that raised on it would print
+    its own traceback and could die while the pool hands it a job (the pool then never shuts down).
+    The parent alone reacts, and ends the workers."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_workers(pool) -> None:
+    """End a pool's workers now, running jobs included (the run is interrupted or failed: their results
+    are not wanted). `shutdown(wait=True)` would wait for every running job to finish, and hangs for good
+    when a worker died mid-job; the executor has no public way to reach its processes."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 # ---------------------------------------------------------------------------------------------
