@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from icml.cli import __version__, console, registry
 from icml.cli.commands import check_format, guarded, report_runs, store
@@ -18,7 +20,28 @@ from icml.cli.method_app import method_app
 from icml.cli.options import (All, Debug, Format, Group, Json, MethodName, Out, PresetFilter, Quiet, RunDirs, RunsDir,
                               Seeds, parse_seeds)
 
-app = typer.Typer(name="icml", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+class RootGroup(TyperGroup):
+    """The root command. A method's sub-commands are built only when it is named (`icml fgad …`): building
+    all 19 methods' ~70 commands at every start cost more than the rest of `icml --help`. Listed in help
+    by their declared summary alone."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return super().list_commands(ctx) + [m for m in registry.METHODS if m not in self.commands]
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in registry.METHODS and name not in self.commands:  # a help listing: name and summary
+            return click.Command(name, help=registry.get(name).summary)
+        return super().get_command(ctx, name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] in registry.METHODS and args[0] not in self.commands:
+            command = typer.main.get_command(method_app(registry.get(args[0])))
+            command.name = args[0]
+            return args[0], command, args[1:]
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(name="icml", cls=RootGroup, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Run, compare and report the methods of ICML 2026 papers.\n\n"
                        "Each method has train → eval → report; results go to runs/<method>/<run-id>/.")
 
@@ -119,14 +142,6 @@ def report_all(run_dirs: RunDirs = None, method: MethodName = None, all_: All = 
     report_runs(runs, format, out, json_)
 
 
-def build_app() -> typer.Typer:
-    """The root app with one sub-app per registered method (built at each start, cheaply)."""
-    for name in registry.METHODS:
-        if name not in {group.name for group in app.registered_groups}:
-            app.add_typer(method_app(registry.get(name)), name=name)
-    return app
-
-
 # Typer ships its own copy of click; its UsageError is reached through a public subclass.
 ClickUsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
@@ -143,7 +158,7 @@ def _failed(problem: str, fix: str | None, exit_code: int, argv: list[str] | Non
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: click's usage errors become one line and exit code 2."""
-    command = typer.main.get_command(build_app())
+    command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="icml", standalone_mode=False)
     except ClickUsageError as exc:

@@ -36,7 +36,7 @@ def test_declarations_and_help_import_no_torch():
             "for argv in (['--help'], ['list', '--json'], *[[n, '--help'] for n in registry.METHODS],"
             " *[[n, 'train', '--help'] for n in registry.METHODS]):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "heavy = [m for m in ('torch', 'transformers', 'diffusers', 'torch_geometric', 'matplotlib', 'pandas')"
+            "heavy = [m for m in ('torch', 'numpy', 'transformers', 'diffusers', 'torch_geometric', 'matplotlib', 'pandas')"
             " if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
