@@ -165,7 +165,8 @@ def apply_overrides(cfg: Any, assignments: list[str]) -> Any:
         key, sep, text = assignment.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise UsageError(f"malformed --set '{assignment}'", "write --set key=value, e.g. --set seeds=3")
+            example = "=".join(describe(cfg)[0][:2])  # a key this method has, with its value
+            raise UsageError(f"malformed --set '{assignment}'", f"write --set key=value, e.g. --set {example}")
         try:
             _, _, tp = _locate(cfg, key)
         except KeyError:
@@ -230,3 +231,38 @@ def load_config_file(path: Path) -> tuple[dict, dict]:
         defaults = {k: data[k] for k in ("method", "preset", "seed") if k in data}
         return data["config"], defaults
     return data, {}
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """field name → the comment at the end of its line in the class's source (its one-line meaning):
+    the config dataclasses are the one place where a key's meaning is written."""
+    import inspect
+    import io
+    import tokenize
+
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    comments, line_field = {}, {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NAME and token.start[1] == 4 and token.string in names:
+            line_field.setdefault(token.start[0], token.string)  # `    name: type = default`
+        elif token.type == tokenize.COMMENT and token.start[0] in line_field:
+            comments[line_field[token.start[0]]] = token.string.lstrip("# ").strip()
+    return comments
+
+
+def describe(cfg: Any, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, value as --set takes it, meaning) of every key of a config instance, sections flattened."""
+    rows = []
+    comments = field_comments(type(cfg))
+    for key, (field, _) in _fields(type(cfg)).items():
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value):
+            rows += describe(value, f"{prefix}{key}.")
+            continue
+        text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else "none" if value is None else str(value)
+        rows.append((prefix + key, text, comments.get(field.name, "")))
+    return rows

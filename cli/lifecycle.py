@@ -159,7 +159,7 @@ def resolve_config(method: Method, preset: str | None, seed: int | None, config_
         try:
             method.validate(cfg)
         except ValueError as exc:
-            raise UsageError(str(exc), "fix the value with --set or in the config file") from None
+            raise UsageError(str(exc), f"see 'icml {method.name} train --help' for its keys and inputs") from None
     return cfg, preset, seed
 
 
@@ -216,7 +216,8 @@ def train(method: Method, store: RunStore, *, preset: str | None, seed: int | No
     pipeline = method.part("pipeline")  # before creating the run: a broken install leaves no husk
     if not resumed:
         run = store.create(method.name, preset, seed, device, config_io.to_dict(cfg), group=group)
-    console.say(f"{method.name} train · preset {preset} · seed {seed} · {device} → {run.path}")
+    cost = f" ({method.preset_times[preset]})" if preset in method.preset_times else ""  # measured on 2 cores
+    console.say(f"{method.name} train · preset {preset}{cost} · seed {seed} · {device} → {run.path}")
     ctx = RunContext(method, run, cfg, seed, device, preset, "train", resumed=resumed)
     _execute(ctx, pipeline.train)
     return run

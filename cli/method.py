@@ -37,6 +37,7 @@ class Method:
     # then refuses, since copies of one run would pass for seeds. Otherwise the run seed must reach every
     # random choice of the method (data, injection, partition, init) — tests/test_seeds.py checks it.
     deterministic: str = ""
+    preset_times: dict[str, str] = field(default_factory=dict)  # preset -> measured time on 2 cores, e.g. "≈ 40 s"
 
     def part(self, name: str) -> ModuleType:
         return importlib.import_module(f"{self.package}.{name}")

@@ -7,10 +7,10 @@ import typer
 from icml.cli import console
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
-from icml.cli.method import Method
+from icml.cli.method import PRESETS, Method
 from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, Group, Json, ModelDir, Out, Preset,
-                              PresetFilter, Quiet, Resume, RunDir, RunDirs, RunsDir, Seed, Seeds, SeedWorkers, Set,
-                              parse_seeds)
+                              PresetOfRuns, Quiet, Resume, RunDir, RunDirs, RunsDir, Seed, Seeds, SeedsOfGroup,
+                              SeedWorkers, Set, parse_seeds)
 from icml.cli.options import Executor, RayAddress  # where a run's independent jobs go: cli/workers.py
 
 
@@ -50,12 +50,76 @@ def _group_summary(method: Method, runs: list, phase: str, as_json: bool) -> Non
         console.say(f"group {group}: icml {method.name} report --group {group}", style="bold green")
 
 
+def readme_path(method: Method) -> str:
+    """Where the method's README (its user page) is installed, found without importing the package."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(method.package)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    return str(Path(folders[0]) / "README.md") if folders else f"methods/{method.package.rsplit('.', 1)[-1]}/README.md"
+
+
+def inputs_of(method: Method) -> dict[str, str]:
+    """--data / --model → what the method's config says they accept (the `data` / `model` key's comment),
+    for the methods that take them."""
+    from icml.cli import config as config_io
+
+    keys = {key: meaning for key, _, meaning in config_io.describe(method.preset("default"))}
+    out = {}
+    for name in ("data", "model"):
+        key = name if name in keys else f"{name}.path" if f"{name}.path" in keys else None
+        if key is not None:
+            out[name] = keys[key] or f"sets the config key '{key}'"
+    return out
+
+
+def train_epilog(method: Method) -> str:
+    """The method's own part of `train --help`: presets, inputs, every config key with its default and
+    meaning (from the config dataclasses), and where its README is."""
+    from rich.markup import escape
+
+    from icml.cli import config as config_io
+
+    presets = ", ".join(f"{p} ({method.preset_times[p]})" if p in method.preset_times else p for p in PRESETS)
+    lines = [f"Presets (times measured on 2 CPU cores): {presets}; without --preset: default.", ""]
+    inputs = inputs_of(method)
+    for name, meaning in inputs.items():
+        lines.append(f"--{name}: {meaning}")
+    if not inputs:
+        lines.append(f"{method.name} takes no --data or --model (a file it can read is a config key below).")
+    lines += ["", "Config keys (--set key=value), with the default preset's values:"]
+    for key, value, meaning in config_io.describe(method.preset("default")):
+        lines.append(f"  {key} = {value}" + (f"  — {meaning}" if meaning else ""))
+    lines += ["", f"All presets' values: icml {method.name} config --preset P. README: {readme_path(method)}"]
+    return escape("\n".join(lines))
+
+
+def _without(fn, names: set[str]):
+    """`fn` with the parameters `names` left out of its signature: Typer then neither shows nor accepts them."""
+    import inspect
+
+    signature = inspect.signature(fn, eval_str=True)  # Typer reads a set __signature__'s annotations as they are
+    fn.__signature__ = signature.replace(parameters=[p for p in signature.parameters.values() if p.name not in names])
+    return fn
+
+
 def method_app(method: Method) -> typer.Typer:
     app = typer.Typer(name=method.name, no_args_is_help=True, add_completion=False,
                       help=f"{method.summary}\n\nPaper: {method.title} (arXiv {method.arxiv}).")
+    absent_inputs = {"data", "model"} - set(inputs_of(method))
 
-    @app.command("train")
+    @app.command("config")
     @guarded
+    def show_config(preset: Preset = None, set_: Set = None, config: ConfigFile = None, json_: Json = False,
+                    quiet: Quiet = False, debug: Debug = False):
+        """Print the resolved config (preset → --config → --set) as JSON: what `train` would run."""
+        from icml.cli import config as config_io
+        from icml.cli import lifecycle
+
+        cfg, preset, _ = lifecycle.resolve_config(method, preset, None, config, list(set_ or []))
+        console.emit_json({"method": method.name, "preset": preset, "config": config_io.to_dict(cfg)})
+
     def train(preset: Preset = None, seed: Seed = None, device: Device = "auto", runs_dir: RunsDir = None,
               set_: Set = None, config: ConfigFile = None, data: DataFile = None, model: ModelDir = None,
               resume: Resume = None, seeds: Seeds = None, seed_workers: SeedWorkers = 1, json_: Json = False,
@@ -79,10 +143,12 @@ def method_app(method: Method) -> typer.Typer:
                               config_file=config, overrides=list(set_ or []), resume=resume, inputs=inputs)
         _summary(method, run, "train", json_)
 
+    app.command("train", epilog=train_epilog(method))(_without(guarded(train), absent_inputs))
+
     @app.command("eval")
     @guarded
     def evaluate(run_dir: RunDir = None, device: Device = "auto", runs_dir: RunsDir = None,
-                 seeds: Seeds = None, group: Group = None, seed_workers: SeedWorkers = 1,
+                 seeds: SeedsOfGroup = None, group: Group = None, seed_workers: SeedWorkers = 1,
                  json_: Json = False, quiet: Quiet = False, debug: Debug = False, executor: Executor = None,
                  ray_address: RayAddress = None):
         """Evaluate a trained run (default: the latest one) and write its eval metrics (--seeds/--group:
@@ -107,7 +173,7 @@ def method_app(method: Method) -> typer.Typer:
     @app.command("report")
     @guarded
     def report(run_dirs: RunDirs = None, format: Format = "terminal", out: Out = None,
-               runs_dir: RunsDir = None, seeds: Seeds = None, group: Group = None, preset: PresetFilter = None,
+               runs_dir: RunsDir = None, seeds: SeedsOfGroup = None, group: Group = None, preset: PresetOfRuns = None,
                json_: Json = False, quiet: Quiet = False, debug: Debug = False):
         """Render tables and plots of runs (default: the latest evaluated run); --group/--seeds/--preset:
         every table over seeds (mean ± 95 % t-interval) and the method's claims."""

@@ -21,7 +21,8 @@ Seed = Annotated[Optional[int], typer.Option("--seed", help="Run seed (default: 
                                               show_default=False)]
 Device = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | mps.")]
 RunsDir = Annotated[Optional[Path], typer.Option(
-    "--runs-dir", help="Where runs live [env ICML_RUNS_DIR; default ./runs].", show_default=False)]
+    "--runs-dir", help="Where runs live (default: ./runs, or the ICML_RUNS_DIR environment variable).",
+    show_default=False)]
 Set = Annotated[Optional[list[str]], typer.Option(
     "--set", help="Override a config key: --set section.key=value (repeatable).", show_default=False)]
 ConfigFile = Annotated[Optional[Path], typer.Option(
@@ -29,9 +30,9 @@ ConfigFile = Annotated[Optional[Path], typer.Option(
 Resume = Annotated[Optional[Path], typer.Option(
     "--resume", help="Continue an interrupted run directory from its last checkpoint.", show_default=False)]
 DataFile = Annotated[Optional[Path], typer.Option(
-    "--data", help="Your own data file (methods with a `data` config key).", show_default=False)]
+    "--data", help="Your own data, a file or a folder: what this method accepts is listed below.", show_default=False)]
 ModelDir = Annotated[Optional[Path], typer.Option(
-    "--model", help="A local checkpoint directory, loaded with from_pretrained (methods with a `model` key).",
+    "--model", help="A local checkpoint (directory or file): the families this method accepts are listed below.",
     show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or human output on stderr.")]
@@ -74,14 +75,19 @@ MethodName = Annotated[Optional[str], typer.Option("--method", "-m", help="Only 
                                                     show_default=False)]
 All = Annotated[bool, typer.Option("--all", help="Every run with results.")]
 Seeds = Annotated[Optional[str], typer.Option(
-    "--seeds", help="Comma-separated seeds, e.g. 0,1,2: one run per seed, recorded as one group "
-                    "(train); the group's runs of these seeds (eval, report).", show_default=False)]
+    "--seeds", help="Comma-separated seeds, e.g. 0,1,2: one new run per seed, recorded as one group.",
+    show_default=False)]
+SeedsOfGroup = Annotated[Optional[str], typer.Option(
+    "--seeds", help="Comma-separated seeds, e.g. 0,1,2: the runs of these seeds (of --group, else of the newest "
+                    "group that has them).", show_default=False)]
 Group = Annotated[Optional[str], typer.Option(
     "--group", help="A group id (run.json 'group'): the runs of one multi-seed command.", show_default=False)]
 SeedWorkers = Annotated[int, typer.Option(
     "--seed-workers", help="Seeds run at once in worker processes (1: one after another here).")]
 PresetFilter = Annotated[Optional[str], typer.Option(
     "--preset", help="With --method: report over the seeds of this preset's runs.", show_default=False)]
+PresetOfRuns = Annotated[Optional[str], typer.Option(
+    "--preset", help="Report over the seeds of this preset's newest runs (one run per seed).", show_default=False)]
 
 
 def parse_seeds(text: str) -> list[int]:

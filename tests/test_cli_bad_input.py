@@ -41,7 +41,7 @@ def trained(icml, toy, tmp_path):
     (["toy", "train", "--set", "lr=[1,2]"], 2, ["for 'lr'", "expected a number"]),
     (["toy", "train", "--device", "cuda"], 2, ["no CUDA device", "--device cpu"]),
     (["toy", "train", "--wat"], 2, ["No such option: --wat", "icml toy train --help"]),
-    (["toy", "train", "--model", "."], 2, ["toy takes no --model"]),
+    (["toy", "train", "--model", "."], 2, ["No such option: --model", "icml toy train --help"]),
     (["toy", "train", "--data", "no/such.txt"], 2, ["--data 'no/such.txt' does not exist"]),
     (["toy", "eval"], 2, ["no run of toy with a completed train", "icml toy train"]),
     (["toy", "eval", "does/not/exist"], 2, ["does not exist", "icml runs"]),
@@ -145,3 +145,25 @@ def test_listings_are_data_on_stdout_with_whole_ids(icml, toy, tmp_path):
     from icml.cli.registry import METHODS
 
     assert all(any(line.split()[0] == name for line in listing.splitlines()) for name in METHODS)
+
+
+def test_each_method_help_is_its_own():
+    """train --help lists the method's keys with defaults and meanings (from its config dataclasses), what
+    --data / --model accept, or neither option where the method takes none; `config` prints the resolved
+    config; a malformed --set is answered with one of the method's own keys."""
+    from conftest import invoke
+
+    fgad = " ".join(invoke("fgad", "train", "--help").out.split())  # rich wraps lines at the terminal's width
+    assert "tau = 0.9" in fgad and "cosine threshold of U" in fgad and "--data" in fgad and "--model" not in fgad
+    assert "a folder with edges.csv+features.csv" in fgad and "README" in fgad
+    belief = " ".join(invoke("belief-filter", "train", "--help").out.split())
+    assert "takes no --data or --model" in belief and "hmm.path = none" in belief and "--data <path>" not in belief
+    refused = invoke("belief-filter", "train", "--data", "x.json")
+    assert refused.code == 2 and "No such option: --data" in refused.err
+
+    shown = invoke("fgad", "config", "--preset", "smoke", "--set", "K=10")
+    doc = shown.json()
+    assert shown.code == 0 and doc["preset"] == "smoke" and doc["config"]["K"] == [10]
+
+    malformed = invoke("belief-filter", "train", "--set", "oops")
+    assert malformed.code == 2 and "e.g. --set " in malformed.err and "seeds=3" not in malformed.err

@@ -24,4 +24,5 @@ METHOD = Method(
              "params_private": None, "wall_s": LOWER, "cut_edge_frac": None, "u_density": None, "loss": LOWER,
              "moved_nodes": None},
     variants=tuple(VARIANTS),
+    preset_times={"smoke": "≈ 20 s train", "default": "≈ 7 min train+eval", "paper": "GPU-sized; not timed"},
 )

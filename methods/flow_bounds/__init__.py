@@ -26,4 +26,5 @@ METHOD = Method(
              "bound_prior": None, "ratio_kl_bound": LOWER, "slope_kl_terminal": None, "slope_kl_path": None,
              "slope_w2_terminal": None, "w2_samples": LOWER, "bm_loss": LOWER, "n_steps_actual": None},
     variants=("exact", "biased", "learned", "learned_endpoint", "gmm_reference", "noise_floor", "bound"),
+    preset_times={"smoke": "≈ 25 s train+eval+report, load ≈ 2"},
 )

@@ -22,4 +22,5 @@ METHOD = Method(
              "train_loss": LOWER, "wall_s": LOWER},
     variants=tuple(ARMS),
     extra_verbs=True,
+    preset_times={"paper": "GPU-sized; not timed"},
 )

@@ -22,4 +22,5 @@ METHOD = Method(
              "wall_time_s": LOWER},
     variants=tuple(VARIANTS),
     extra_verbs=True,
+    preset_times={"default": "≈ 12 min train+eval, load 3–4", "paper": "GPU-sized; not timed"},
 )
