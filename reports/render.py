@@ -162,32 +162,67 @@ CSS = """body{font-family:system-ui,-apple-system,sans-serif;max-width:1100px;ma
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}caption{text-align:left;font-weight:600;padding:.3em 0}
 .smoke{background:#fff4d6;border:1px solid #e0b000;padding:.5em 1em}.facts td{text-align:left}
-figure{margin:1em 0}figcaption{font-weight:600}img{max-width:100%}.note{color:#666;font-style:italic}"""
+figure{margin:1em 0}figcaption{font-weight:600}img{max-width:100%}.note{color:#666;font-style:italic}
+.scroll{overflow-x:auto;max-width:100%}.scroll table{margin-top:0}.scroll td{white-space:nowrap}nav ol{columns:2;padding-left:1.5em}
+nav li{margin:.1em 0}h2,h3{scroll-margin-top:.5em}a.top{font-size:.8em;font-weight:400;margin-left:.5em}"""
 
 
-def _html_table(table: Table) -> str:
+def _html_table(table: Table, anchor: str) -> str:
+    """A table in a horizontally scrolling box: a wide table scrolls inside the page, never off its edge."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in table.headers())
     body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v))}</td>" for v in row) + "</tr>"
                    for row in table.frame.itertuples(index=False))
     note = f"<p class='note'>{html.escape(table.note)}</p>" if table.note else ""
-    return f"<table><caption>{html.escape(table.title)}</caption><tr>{head}</tr>{body}</table>{note}"
+    return (f"<h3 id='{anchor}'>{html.escape(table.title)}</h3><div class='scroll'><table>"
+            f"<tr>{head}</tr>{body}</table></div>{note}")
+
+
+def _anchors(sections: list[Section]) -> list[tuple[str, list[str], list[str]]]:
+    """Unique ids per section and for each of its tables and plots (titles repeat across sections)."""
+    seen: dict[str, int] = {}
+
+    def unique(text: str) -> str:
+        base = _slug(text)
+        seen[base] = seen.get(base, 0) + 1
+        return base if seen[base] == 1 else f"{base}_{seen[base]}"
+
+    out = []
+    for section in sections:
+        own = unique(section.title)
+        out.append((own, [unique(f"{own} {t.title}") for t in section.tables],
+                    [unique(f"{own} {title}") for title, _ in section.plots]))
+    return out
 
 
 def render_html(sections: list[Section]) -> str:
+    """One self-contained page: a contents list of the runs (or groups) it holds, each linking to its
+    section, tables and plots; then the sections."""
+    anchors = _anchors(sections)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>icml report</title>"
-             f"<style>{CSS}</style></head><body><h1>icml report</h1>"]
-    for section in sections:
-        parts.append(f"<h2>{html.escape(section.title)}</h2><table class='facts'>")
+             f"<style>{CSS}</style></head><body><h1 id='top'>icml report</h1>"]
+    if len(sections) > 1:
+        parts.append(f"<nav><p>{len(sections)} sections:</p><ol>")
+        for section, (own, tables, plots) in zip(sections, anchors):
+            parts.append(f"<li><a href='#{own}'>{html.escape(section.title)}</a> — {len(tables)} tables, "
+                         f"{len(plots)} plots{' (smoke)' if section.smoke else ''}</li>")
+        parts.append("</ol></nav>")
+    for section, (own, tables, plots) in zip(sections, anchors):
+        parts.append(f"<h2 id='{own}'>{html.escape(section.title)}<a class='top' href='#top'>↑ contents</a></h2>")
+        links = [f"<a href='#{a}'>{html.escape(t.title)}</a>" for a, t in zip(tables, section.tables)]
+        links += [f"<a href='#{a}'>{html.escape(title)}</a>" for a, (title, _) in zip(plots, section.plots)]
+        if links:
+            parts.append(f"<p class='note'>in this section: {' · '.join(links)}</p>")
+        parts.append("<table class='facts'>")
         parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in section.facts()]
         parts.append("</table>")
         if section.smoke:
             parts.append(f"<p class='smoke'>⚠ {html.escape(SMOKE_NOTE)}</p>")
         if section.frame.empty:
             parts.append("<p class='note'>no results recorded yet</p>")
-        parts += [_html_table(t) for t in section.tables]
-        for title, path in section.plots:
+        parts += [_html_table(t, a) for t, a in zip(section.tables, tables)]
+        for (title, path), anchor in zip(section.plots, plots):
             data = base64.b64encode(path.read_bytes()).decode()
-            parts.append(f"<figure><figcaption>{html.escape(title)}</figcaption>"
+            parts.append(f"<figure id='{anchor}'><figcaption>{html.escape(title)}</figcaption>"
                          f"<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>")
     parts.append("</body></html>")
     return "\n".join(parts)

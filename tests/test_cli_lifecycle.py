@@ -202,3 +202,44 @@ def test_results_are_written_with_the_umask_mode_not_0600(tmp_path):
         run = only_run(runs)
         written = [run / "run.json", run / "config.json", run / "metrics.parquet", out]
         assert {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(mode) for p in written}
+
+
+def test_html_report_has_contents_anchors_and_scrolling_tables(icml, toy, tmp_path):
+    """A combined report of several runs: a contents list naming each run with links to its section,
+    tables and plots; ids unique and every link landing on one; every data table inside a horizontally
+    scrolling box, so a wide table never runs off the page."""
+    from html.parser import HTMLParser
+
+    assert icml("toy", "train", "--preset", "smoke", "--seeds", "0,1").code == 0
+    assert icml("toy", "eval", "--seeds", "0,1").code == 0
+    out = tmp_path / "all.html"
+    assert icml("report", "--all", "--format", "html", "--out", out).code == 0
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.ids, self.links, self.stack, self.tables = [], [], [], []
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if "id" in attrs:
+                self.ids.append(attrs["id"])
+            if tag == "a" and attrs.get("href", "").startswith("#"):
+                self.links.append(attrs["href"][1:])
+            if tag == "table":
+                self.tables.append((attrs.get("class"), [dict(a).get("class") for _, a in self.stack]))
+            self.stack.append((tag, attrs))
+
+        def handle_endtag(self, tag):
+            while self.stack and self.stack.pop()[0] != tag:
+                pass
+
+    page = Page()
+    page.feed(out.read_text())
+    assert len(page.ids) == len(set(page.ids)) and set(page.links) <= set(page.ids)
+    runs = sorted((tmp_path / "runs" / "toy").iterdir())
+    nav = out.read_text().split("<nav>")[1].split("</nav>")[0]
+    assert all(run.name in nav for run in runs) and nav.count("<li>") == len(runs)
+    data_tables = [parents for cls, parents in page.tables if cls != "facts"]
+    assert data_tables and all("scroll" in parents for parents in data_tables)
+    assert sum(link != "top" for link in page.links) >= 2 * (len(runs) + 2)  # contents + in-section links
