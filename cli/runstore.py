@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
 import sys
@@ -78,6 +79,26 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     import torch
 
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def load_checkpoint(path: Path, map_location: Any = None) -> Any:
+    """A checkpoint of a run, read with torch's `weights_only=True`: tensors and plain containers only.
+    A run directory may come from a shared --runs-dir, a colleague or an archive, and a full unpickle
+    would run whatever code its file names; anything else in the file is refused in one line."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        detail = f" (it names {named.group(1)})" if named else ""
+        raise UsageError(f"checkpoint '{path}' holds more than tensors and plain containers{detail}; "
+                         "loading it could run code", "re-create the run with this version of icml") from None
+    except (RuntimeError, EOFError, OSError) as exc:
+        raise UsageError(f"checkpoint '{path}' cannot be read ({str(exc).splitlines()[0][:160]})",
+                         "re-create the run, or resume it from its last good checkpoint") from None
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -20,7 +20,6 @@ Same seed on CPU → bit-identical curves and evaluations.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,7 +28,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from icml.cli.runstore import atomic_torch_save
+from icml.cli.runstore import atomic_torch_save, load_checkpoint
 
 from .agents import DTYPE, FILTER_ARMS, Agent, build_agent, memory_size
 from .config import BeliefFilterConfig
@@ -209,7 +208,7 @@ def _tags(cfg: BeliefFilterConfig, arm: str, seed: int, step: int, split: str) -
 
 def _load(path: Path, device: str) -> dict:
     # our own file, holding numpy/python RNG states next to the tensors
-    return torch.load(path, map_location=device, weights_only=False)
+    return load_checkpoint(path, map_location=device)
 
 
 def train_arm(cfg: BeliefFilterConfig, arm: str, seed: int, checkpoint_path: Path,
@@ -243,14 +242,12 @@ def train_arm(cfg: BeliefFilterConfig, arm: str, seed: int, checkpoint_path: Pat
         step, update, curve = saved["step"], saved["update"], list(saved["curve"])
 
     def checkpoint(done: bool) -> None:
-        # Training draws only from `generator`; the global torch/numpy/python states are
-        # recorded for completeness and are not restored on resume.
+        # Training draws only from `generator`, so its state is all a resume needs; tensors and plain
+        # containers only, so that the checkpoint loads with weights_only=True.
         atomic_torch_save({"arm": arm, "seed": seed, "model": agent.state_dict(),
-                      "optimizer": optimizer.state_dict(), "step": step, "update": update,
-                      "curve": curve, "done": done,
-                      "rng": {"generator": generator.get_state(), "torch": torch.get_rng_state(),
-                              "numpy": np.random.get_state(), "python": random.getstate()}},
-                     checkpoint_path)
+                           "optimizer": optimizer.state_dict(), "step": step, "update": update,
+                           "curve": curve, "done": done,
+                           "rng": {"generator": generator.get_state()}}, checkpoint_path)
 
     while step < ppo.total_steps:
         batch = collect_episodes(agent, env, ppo.rollout_min_steps, generator)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
-from icml.cli.runstore import atomic_torch_save, atomic_write
+from icml.cli.runstore import atomic_torch_save, atomic_write, load_checkpoint
 from icml.cli.workers import run_in_workers
 from icml.methods.event_classify.config import CNN_VARIANTS, POINT_VARIANTS
 from icml.methods.event_classify.training import Budget
@@ -98,7 +98,7 @@ def train(ctx: RunContext) -> None:
     cfg = ctx.config
     ctx.record(prepare(ctx), split="data")
     path = secnet_path(ctx)
-    saved = torch.load(path, weights_only=False) if path.exists() else {"states": {}}
+    saved = load_checkpoint(path) if path.exists() else {"states": {}}
     jobs = [("secnet", d, Budget.of(cfg, "main", d)) for d in cfg.datasets if d not in saved["states"]]
 
     def done(job, rows, state):
@@ -124,7 +124,7 @@ def evaluate(ctx: RunContext) -> None:
     path = secnet_path(ctx)
     if not path.exists():
         raise IcmlError(f"{path} is missing", f"re-train: icml event-classify train --resume {ctx.run.path}")
-    saved = torch.load(path, weights_only=False)
+    saved = load_checkpoint(path)
     for dataset in cfg.datasets:
         main = Budget.of(cfg, "main", dataset)
         rows, _ = run_job(cfg, ctx.seed, "secnet", dataset, main, str(data_file(ctx, dataset, main.n_points)),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from icml.cli.lifecycle import RunContext
+from icml.cli.runstore import load_checkpoint
 from icml.cli.threads import intra_op_threads
 from icml.cli.workers import run_in_workers
 from icml.methods.reason_stop.data import VOCAB, build_tokenizer, encode_trace, generate_traces
@@ -31,7 +32,7 @@ def train(ctx: RunContext) -> None:
     state_path = ctx.checkpoints / "state.pt"
     start, optimizer_state = 0, None
     if ctx.resumed and state_path.exists():
-        saved = torch.load(state_path, weights_only=False)
+        saved = load_checkpoint(state_path)
         model.load_state_dict(saved["model"])
         start, optimizer_state = saved["step"], saved["optimizer"]
     ctx.log(f"tiny Llama: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}, "

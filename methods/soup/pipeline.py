@@ -18,7 +18,7 @@ from pathlib import Path
 from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
-from icml.cli.runstore import atomic_torch_save
+from icml.cli.runstore import atomic_torch_save, load_checkpoint
 
 TEST_ID_OFFSET = 1_000_000  # corruption seeds: val images are ids 0…, test images 1e6 + i
 INTERP_PAIRS = (("mae_m75", "mocov3_t0.2"),)
@@ -101,10 +101,8 @@ def unit_path(ctx: RunContext, name: str) -> Path:
 
 def saved(ctx: RunContext, name: str):
     """A finished unit (state dict + extras) of this run, or None: --resume skips finished units."""
-    import torch
-
     path = unit_path(ctx, name)
-    return torch.load(path, weights_only=False) if path.exists() else None
+    return load_checkpoint(path) if path.exists() else None
 
 
 def finished(ctx: RunContext, name: str):

@@ -8,7 +8,7 @@ from pathlib import Path
 from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
-from icml.cli.runstore import atomic_torch_save
+from icml.cli.runstore import atomic_torch_save, load_checkpoint
 from icml.cli.workers import run_in_workers
 
 
@@ -95,7 +95,7 @@ def save_best_checkpoints(ctx: RunContext, grid) -> None:
     for row in grid_summary(ctx.metrics(), grid.vocab_size):
         if row["metric"] != "best_val_loss":
             continue
-        state = torch.load(run_path(ctx, row["variant"], row["lr_multiplier"]), weights_only=False)
+        state = load_checkpoint(run_path(ctx, row["variant"], row["lr_multiplier"]))
         model = copy.deepcopy(grid.model_init)
         model.load_state_dict(state["model_state"])
         folder = ctx.checkpoints / "best" / row["variant"]
@@ -125,7 +125,7 @@ def evaluate(ctx: RunContext) -> None:
             if not path.exists():
                 raise IcmlError(f"checkpoint {path} is missing",
                                 f"re-train the run: icml spectral-optim train --resume {ctx.run.path}")
-            state = torch.load(path, map_location=ctx.device, weights_only=False)
+            state = load_checkpoint(path, map_location=ctx.device)
             model.load_state_dict(state["model_state"])
             loss = final_val_loss(model, grid.batches, cfg.eval_val_batches)
             final_rows.append({**RunSettings.of(cfg, variant, multiplier).tags(), "metric": "val_loss",

@@ -3,6 +3,8 @@ import time
 
 import torch
 
+from icml.cli.runstore import load_checkpoint
+
 
 def _problem(seed: int):
     gen = torch.Generator().manual_seed(seed)
@@ -30,7 +32,7 @@ def train(ctx):
             generator = torch.Generator().manual_seed(ctx.seed)
             step = 0
             if path.exists():
-                state = torch.load(path, weights_only=False)
+                state = load_checkpoint(path)
                 model.load_state_dict(state["model"])
                 optimizer.load_state_dict(state["optimizer"])
                 generator.set_state(state["rng"])
@@ -65,7 +67,7 @@ def evaluate(ctx):
     predictions = []
     for variant in ctx.config.variants:
         model, _ = _model_and_optimizer(variant, ctx.config.lr)
-        model.load_state_dict(torch.load(ctx.checkpoints / f"{variant}.pt", weights_only=False)["model"])
+        model.load_state_dict(load_checkpoint(ctx.checkpoints / f"{variant}.pt")["model"])
         with torch.no_grad():
             predicted = model(X).squeeze(-1)
         mse = ((predicted - y) ** 2).mean().item()
