@@ -163,6 +163,20 @@ def resolve_config(method: Method, preset: str | None, seed: int | None, config_
     return cfg, preset, seed
 
 
+def check_inputs(method: Method, cfg: Any) -> None:
+    """The method's look at the content of its inputs, before any run directory exists: a bad file is a
+    usage error (exit 2) whether the problem is its name, its format or its content."""
+    if method.check_inputs is None:
+        return
+    try:
+        method.check_inputs(cfg)
+    except UsageError:
+        raise
+    except (ValueError, IcmlError) as exc:
+        problem, fix = (exc.problem, exc.fix) if isinstance(exc, IcmlError) else (str(exc), None)
+        raise UsageError(problem, fix or f"see 'icml {method.name} train --help' for what its inputs are") from None
+
+
 def config_from_run(method: Method, run: Run) -> tuple[Any, str, int]:
     record = run.config_record()
     preset = record.get("preset", "default")
@@ -211,6 +225,7 @@ def train(method: Method, store: RunStore, *, preset: str | None, seed: int | No
     else:
         overrides = input_overrides(method, inputs) + overrides
         cfg, preset, seed = resolve_config(method, preset, seed, config_file, overrides)
+        check_inputs(method, cfg)
         resumed = False
     device = resolve_device(device)
     pipeline = method.part("pipeline")  # before creating the run: a broken install leaves no husk
@@ -272,7 +287,8 @@ def train_seeds(method: Method, store: RunStore, *, seeds: list[int], preset: st
     if method.deterministic:
         raise UsageError(f"{method.name} gives the same results at every seed ({method.deterministic}): "
                          "--seeds would make copies, not seeds", "train one run, without --seeds")
-    _, preset, _ = resolve_config(method, preset, seeds[0], config_file, input_overrides(method, inputs) + overrides)
+    cfg, preset, _ = resolve_config(method, preset, seeds[0], config_file, input_overrides(method, inputs) + overrides)
+    check_inputs(method, cfg)
     resolve_device(device)
     group = new_group_id(preset, seeds)
     options = {"preset": preset, "device": device, "config_file": config_file, "overrides": list(overrides),

@@ -29,6 +29,9 @@ class Method:
     config: type  # the root config dataclass
     preset: Callable[[str], Any]  # preset name -> config instance
     validate: Callable[[Any], None] | None = None  # raises ValueError with a one-line message
+    # Reads the content of the user's inputs (--data / --model: headers, first rows, a checkpoint's config)
+    # before a run directory exists; raises ValueError or IcmlError naming the problem. Runs after validate.
+    check_inputs: Callable[[Any], None] | None = None
     tags: dict[str, str] = field(default_factory=dict)  # tag column -> arrow type (string|int64|float64)
     metrics: dict[str, str | None] = field(default_factory=dict)  # metric -> higher | lower | None
     variants: tuple[str, ...] = ()

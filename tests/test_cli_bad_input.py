@@ -167,3 +167,16 @@ def test_each_method_help_is_its_own():
 
     malformed = invoke("belief-filter", "train", "--set", "oops")
     assert malformed.code == 2 and "e.g. --set " in malformed.err and "seeds=3" not in malformed.err
+
+
+def test_bad_data_content_is_refused_before_a_run_exists(icml, tmp_path):
+    """The lifecycle asks the method to look at its inputs' content (Method.check_inputs) before it creates
+    the run: event-classify's loader reads one recording per class, so a folder of non-event files is one
+    line and exit 2, with no failed run left behind (it used to fail at exit 1 inside a new run)."""
+    folder = tmp_path / "events"
+    for cls in ("0", "1"):
+        (folder / cls).mkdir(parents=True)
+        (folder / cls / "a.bin").write_bytes(bytes(range(256)) * 4)
+    result = icml("event-classify", "train", "--preset", "smoke", "--data", folder)
+    one_error_line(result, "a.bin", "not an N-MNIST/N-Caltech101 .bin file")
+    assert result.code == 2 and not (tmp_path / "runs").exists()

@@ -43,8 +43,9 @@ def test_two_seeds_differ_and_claims_pin_their_tags(name, tmp_path):
         result = invoke(name, "train", *tiny_args(name), "--seeds", "0,1", *runs_dir)
         assert result.code == 2 and "same results at every seed" in result.err
         return
-    group = _ok(invoke(name, "train", *tiny_args(name), "--seeds", "0,1", *runs_dir, "--json"))
-    _ok(invoke(name, "eval", "--group", group["group"], *runs_dir, "--json"))
+    workers = ["--seed-workers", "2"]  # the two seeds side by side, one per core
+    group = _ok(invoke(name, "train", *tiny_args(name), "--seeds", "0,1", *workers, *runs_dir, "--json"))
+    _ok(invoke(name, "eval", "--group", group["group"], *workers, *runs_dir, "--json"))
     frames = [pd.read_parquet(f"{run['run_dir']}/metrics.parquet") for run in group["runs"]]
     key = [c for c in frames[0].columns if c not in ("run_id", "seed", "value")]
     both = frames[0].merge(frames[1], on=key, how="outer", suffixes=("_0", "_1"))

@@ -2,7 +2,7 @@
 feature space, aggregated with learnable Fourier filters (arXiv 2412.20803). The event loaders and the
 saccade simulator live in `icml.data.events`."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.event_classify.config import VARIANTS, EventClassifyConfig, preset, validate
+from icml.methods.event_classify.config import VARIANTS, EventClassifyConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="event-classify",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=EventClassifyConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"dataset": "string", "n_points": "int64", "s1": "int64", "k": "int64", "d0": "int64",
           "windows": "int64", "sweep": "string", "stage": "int64", "axis": "string", "part": "string",
           "true_class": "string", "pred_class": "string", "budget": "string"},

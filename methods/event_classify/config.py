@@ -192,3 +192,17 @@ def validate(cfg: EventClassifyConfig) -> None:
     if not p.sweep_n or any(n < 64 for n in p.sweep_n) or p.fixed_s1 < 8 or p.latency_runs < 1 or p.warmups < 0 \
             or p.threads < 1 or p.throughput_batch < 1:
         raise ValueError("profile: sweep_n entries >= 64, fixed_s1 >= 8, latency_runs/threads/throughput_batch >= 1")
+
+
+def check_inputs(cfg: EventClassifyConfig) -> None:
+    """Before a run exists: the --data layout and one recording per class, read by the loader the run uses
+    (so a folder without class subfolders or a file that is not an event file is refused at once)."""
+    if "file" not in cfg.datasets:
+        return
+    from icml.data.events import EventFileError, load_labelled
+
+    try:
+        load_labelled(cfg.data, cfg.format, sensor=tuple(cfg.sensor_size) if cfg.sensor_size else None,
+                      profile=cfg.aedat2_profile, columns=cfg.columns, max_per_class=1)
+    except EventFileError as exc:
+        raise ValueError(str(exc)) from None
