@@ -174,7 +174,9 @@ def check_inputs(method: Method, cfg: Any) -> None:
         raise
     except (ValueError, IcmlError) as exc:
         problem, fix = (exc.problem, exc.fix) if isinstance(exc, IcmlError) else (str(exc), None)
-        raise UsageError(problem, fix or f"see 'icml {method.name} train --help' for what its inputs are") from None
+        if fix is None and " — " not in problem:  # a ValueError's line may carry its own fix already
+            fix = f"see 'icml {method.name} train --help' for what its inputs are"
+        raise UsageError(problem, fix) from None
 
 
 def config_from_run(method: Method, run: Run) -> tuple[Any, str, int]:

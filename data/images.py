@@ -341,6 +341,38 @@ def _read_classes(folder: Path, classes: list[str], size: int, channels: int) ->
     return Split(torch.stack(images), torch.tensor(labels, dtype=torch.int64))
 
 
+def _folder_layout(folder: Path) -> tuple[dict[str, Path] | None, list[str]]:
+    """(train/val/test folders, or None for one folder to split; the class names) of a user image folder."""
+    if not folder.is_dir():
+        raise ImageDataError(f"--data '{folder}' is not a directory; pass a folder of <class>/<image> files")
+    split_dirs = {name: folder / name for name in ("train", "val", "test")}
+    if all(d.is_dir() for d in split_dirs.values()):
+        classes = [p.name for p in _class_folders(split_dirs["train"])]
+        if len(classes) < 2:
+            raise ImageDataError(f"'{split_dirs['train']}' needs at least two class subfolders")
+        return split_dirs, classes
+    classes = [p.name for p in _class_folders(folder)]
+    if len(classes) < 2:
+        raise ImageDataError(f"--data '{folder}' needs at least two class subfolders (or train/ val/ test/ "
+                             "subfolders of them)")
+    return None, classes
+
+
+def check_image_folder(folder: str | Path) -> None:
+    """What `load_image_folder` would refuse, found before a run starts: the layout, and the first image of
+    every class of every split read as the run reads it (the run then reads them all)."""
+    folder = Path(folder)
+    split_dirs, classes = _folder_layout(folder)
+    for root in (split_dirs or {"": folder}).values():
+        firsts = [files[0] for files in (_image_files(root / c) if (root / c).is_dir() else [] for c in classes)
+                  if files]
+        if not firsts:
+            raise ImageDataError(f"'{root}' holds no images ({', '.join(IMAGE_EXTENSIONS)}) in class subfolders; "
+                                 "put them in <class>/<file>")
+        for path in firsts:
+            read_image(path, 8, 1)
+
+
 def load_image_folder(folder: str | Path, size: int, channels: int, seed: int,
                       fractions: tuple[float, float] = (0.6, 0.15)) -> tuple[dict[str, Split], list[str]]:
     """A class-subfolder image folder → ({train, val, test}, class names).
@@ -351,18 +383,9 @@ def load_image_folder(folder: str | Path, size: int, channels: int, seed: int,
     from sklearn.model_selection import train_test_split
 
     folder = Path(folder)
-    if not folder.is_dir():
-        raise ImageDataError(f"--data '{folder}' is not a directory; pass a folder of <class>/<image> files")
-    split_dirs = {name: folder / name for name in ("train", "val", "test")}
-    if all(d.is_dir() for d in split_dirs.values()):
-        classes = [p.name for p in _class_folders(split_dirs["train"])]
-        if len(classes) < 2:
-            raise ImageDataError(f"'{split_dirs['train']}' needs at least two class subfolders")
+    split_dirs, classes = _folder_layout(folder)
+    if split_dirs is not None:
         return {name: _read_classes(d, classes, size, channels) for name, d in split_dirs.items()}, classes
-    classes = [p.name for p in _class_folders(folder)]
-    if len(classes) < 2:
-        raise ImageDataError(f"--data '{folder}' needs at least two class subfolders (or train/ val/ test/ "
-                             "subfolders of them)")
     everything = _read_classes(folder, classes, size, channels)
     labels = everything.labels.numpy()
     if np.bincount(labels, minlength=len(classes)).min() < 4:

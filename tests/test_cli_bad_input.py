@@ -180,3 +180,31 @@ def test_bad_data_content_is_refused_before_a_run_exists(icml, tmp_path):
     result = icml("event-classify", "train", "--preset", "smoke", "--data", folder)
     one_error_line(result, "a.bin", "not an N-MNIST/N-Caltech101 .bin file")
     assert result.code == 2 and not (tmp_path / "runs").exists()
+
+
+def _garbage(tmp_path):
+    """Bytes that are no format at all, as a file with the extension most methods read, and as a folder
+    whose every file is such bytes (a class folder, a captions.csv, an edges.csv)."""
+    junk = bytes(range(256))[::-1] * 16
+    (tmp_path / "junk.csv").write_bytes(junk)
+    for name in ("a/x.png", "b/y.png", "captions.csv", "edges.csv", "core/t.txt", "0/e.bin", "1/f.bin"):
+        (tmp_path / "junkdir" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "junkdir" / name).write_bytes(junk)
+    return tmp_path / "junk.csv", tmp_path / "junkdir"
+
+
+def _takes_data():
+    from icml.cli import registry
+    from icml.cli.method_app import inputs_of
+
+    return [name for name in registry.METHODS if "data" in inputs_of(registry.get(name))]
+
+
+@pytest.mark.parametrize("name", _takes_data())
+def test_garbage_data_is_one_line_and_exit_2_before_any_run(icml, tmp_path, name):
+    """Every method that takes --data reads its content before the run exists: a file or a folder of
+    garbage is one line, exit 2, and no run directory (it used to leave failed runs, at exit 1 or 2)."""
+    for data in _garbage(tmp_path):
+        result = icml(name, "train", "--preset", "smoke", "--data", data)
+        one_error_line(result)
+        assert result.code == 2 and not (tmp_path / "runs").exists(), (data.name, result.err)

@@ -7,7 +7,7 @@ finite-sample RKHS alternating estimator (Mehler-kernel ridge φ-step, spherical
 planted-φ, SAVE, SIR and fixed-w baselines.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.single_index.config import VARIANTS, SingleIndexConfig, preset, validate
+from icml.methods.single_index.config import VARIANTS, SingleIndexConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="single-index",
@@ -19,6 +19,7 @@ METHOD = Method(
     config=SingleIndexConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"solver": "string", "experiment": "string", "target": "string", "info_exp": "int64", "d": "int64",
           "m0": "float64", "sign": "int64", "n": "int64", "K": "int64", "rho": "float64", "eta": "float64"},
     metrics={"overlap": None, "overlap_abs": HIGHER, "risk": LOWER, "escape_time": LOWER, "escape_slope": None,

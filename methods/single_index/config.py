@@ -156,3 +156,11 @@ def validate(cfg: SingleIndexConfig) -> None:
             raise ValueError(f"data.path '{cfg.data.path}' is not a file (CSV, Parquet or npz with x0…x{{d−1}}, y)")
         if path.suffix.lower() not in DATA_SUFFIXES:
             raise ValueError(f"data.path '{cfg.data.path}' has an unknown format; use {', '.join(DATA_SUFFIXES)}")
+
+
+def check_inputs(cfg: SingleIndexConfig) -> None:
+    """Before a run exists: the user's sample is read and checked by the loader the run uses."""
+    if cfg.data.path:
+        from icml.methods.single_index.estimator import load_user_sample
+
+        load_user_sample(cfg.data.path, cfg.data.test_fraction, seed=0)

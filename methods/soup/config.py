@@ -288,3 +288,14 @@ def read_model_config(model: str) -> dict:
         raise UsageError(f"{path} is not a transformers model config (no model_type)",
                          "pass a ViTMAE or ViT directory saved with save_pretrained")
     return config
+
+
+def check_inputs(cfg: SoupConfig) -> None:
+    """Before a run exists: the --data folder's layout and one image per class, read as the run reads them."""
+    if cfg.data:
+        from icml.data.images import ImageDataError, check_image_folder
+
+        try:
+            check_image_folder(cfg.data)
+        except ImageDataError as exc:
+            raise ValueError(str(exc)) from None

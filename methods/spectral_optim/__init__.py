@@ -5,7 +5,7 @@
     from icml.methods.spectral_optim.psi import psi
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.spectral_optim.config import VARIANTS, SpectralOptimConfig, preset, validate
+from icml.methods.spectral_optim.config import VARIANTS, SpectralOptimConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="spectral-optim",
@@ -17,6 +17,7 @@ METHOD = Method(
     config=SpectralOptimConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"family": "string", "p": "float64", "lr": "float64", "lr_multiplier": "float64",
           "lr_vector": "float64", "kappa": "float64", "rows": "int64", "cols": "int64", "dtype": "string",
           "psi_method": "string", "damping": "string"},  # `method` is the core column naming the method

@@ -129,3 +129,11 @@ def validate(cfg: SpectralOptimConfig) -> None:
         parse_size(size)
     if any(k < 1 for k in cfg.psi_kappas):
         raise ValueError("psi_kappas must be condition numbers >= 1")
+
+
+def check_inputs(cfg: SpectralOptimConfig) -> None:
+    """Before a run exists: the --data corpus is read (UTF-8, not empty) as the run reads it."""
+    if cfg.data:
+        from icml.methods.spectral_optim.data import read_text_file
+
+        read_text_file(cfg.data)
