@@ -260,9 +260,10 @@ def build_group(runs: list[Run], group_id: str | None = None) -> SeedGroup:
     titles = list(dict.fromkeys(t.title for s in sections for t in s.tables))
     tables, numbers = [], []
     for title in titles:
-        present = [(seed, next(t for t in s.tables if t.title == title), next(t for t in d.tables if t.title == title))
+        # a seed's table as displayed, where its title matches (a title may print a number at full precision)
+        present = [(seed, full, next((t for t in d.tables if t.title == title), full))
                    for seed, s, d in zip(seeds, sections, displayed)
-                   if any(t.title == title for t in s.tables) and any(t.title == title for t in d.tables)]
+                   for full in [next((t for t in s.tables if t.title == title), None)] if full is not None]
         table, cells = aggregate_table(title, [t for _, t, _ in present], [seed for seed, _, _ in present],
                                        notes.get(title), shown=[t for _, _, t in present])
         tables.append(table)
