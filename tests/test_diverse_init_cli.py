@@ -54,15 +54,24 @@ def test_every_arm_metric_and_tag_is_recorded(run):
         for param in ("eps", "flow"):
             sub = ev[(ev["tier"] == tier) & (ev["param"] == param)]
             main = sub[sub["cfg_scale"] == 4.0]
-            assert set(main["variant"]) == set(VARIANTS)
+            assert set(main["variant"]) == set(VARIANTS) | ({"divin_exact"} if (tier, param) == ("gmm", "eps") else set())
             assert SPEC_METRICS | (GMM_METRICS if tier == "gmm" else set()) <= set(main["metric"])
             assert set(sub.loc[sub["cfg_scale"] == (1.0 if tier == "gmm" else 2.0), "variant"]) == \
                 (set(VARIANTS) if tier == "gmm" else {"base", "divin"})
             sweep = main[(main["variant"] == "divin") & (main["metric"] == "vendi") & (main["feature_space"] != "pixel")]
-            if tier == "gmm":
-                assert sweep["tau"].nunique() == 5 and 0.0 in set(sweep["tau"])  # τ*·{0, 1/8, 1/4, 1/2, 1}
+            if tier == "gmm":  # τ*·{0, ⅛, ¼, ½, 1, 2, 4, 8}, tagged with τ/τ*
+                assert sorted(set(sweep.loc[sweep["k_steps"] == 1, "tau_frac"])) == [0, 0.125, 0.25, 0.5, 1, 2, 4, 8]
+                assert sweep["tau"].nunique() == 8 and 0.0 in set(sweep["tau"])
             else:
                 assert sweep["tau"].nunique() == 1  # digits.tau_sweep=false: the default τ only
+            oracle = sub[(sub["variant"] == "divin_exact") & (sub["metric"] != "tau_star")]
+            if (tier, param) == ("gmm", "eps"):  # the exact-potential control, at the main scale only
+                assert set(oracle["cfg_scale"]) == {4.0}
+                assert sorted(set(oracle["tau_frac"])) == [0.125, 0.25, 0.5, 1, 2, 4, 8]
+                cos = sub.loc[sub["metric"] == "grad_cos_exact", "value"]
+                assert len(cos) == 2 and cos.between(-1, 1).all()  # one per sampling seed
+            else:
+                assert oracle.empty
     assert set(ev["feature_space"].dropna()) == {"coord", "clf", "pixel", "init"}  # tau_star rows have none
     gmm_k = ev[(ev["tier"] == "gmm") & (ev["variant"] == "divin_no_prior")]
     assert set(gmm_k["k_steps"]) == {1, 3}
@@ -82,19 +91,42 @@ def test_initial_noise_is_shared_by_the_arms(run):
 
 def test_extra_tables_and_report(run):
     gmm = pd.read_parquet(run / "gmm_samples.parquet")
-    assert list(gmm.columns) == GMM_COLUMNS and set(gmm["variant"]) == set(VARIANTS)
+    assert list(gmm.columns) == GMM_COLUMNS and set(gmm["variant"]) == set(VARIANTS) | {"divin_exact"}
     assert set(gmm["seed"]) == {0}
     znorm = pd.read_parquet(run / "z_norms.parquet")
     assert set(znorm["variant"]) == {"base", "divin", "divin_no_prior"}
     with np.load(run / "checkpoints" / "digits_samples.npz") as grids:
         assert {f"eps/{v}" for v in VARIANTS} <= set(grids.files) and grids["eps/base"].shape == (30, 1, 16, 16)  # 3 per class (< GRID_PER_CLASS)
     html = (run.parent.parent / "r.html").read_text()
-    for title in ("arms at w = 4", "τ sweep of divin", "prior term: divin vs divin_no_prior", "cost at w = 4",
+    for title in ("arms at w = 4", "τ sweep at w = 4", "calibrated τ* per tier × param", "prior term: divin vs divin_no_prior", "cost at w = 4",
                   "gmm pareto recall vs precision", "digits pareto vendi vs fid", "tau sweep",
                   "gmm samples base vs divin", "gmm minority mass vs w", "z norm histograms prior term",
                   "digits samples eps", "digits samples flow"):
         assert title in html, title
     assert (run / "checkpoints" / "gmm_flow" / "scheduler_config.json").exists()
+
+
+def test_claims_pin_every_tag_and_find_both_arms(run):
+    """Each declared claim (divin − base on vendi and in-batch similarity, per tier × param) reads one cell:
+    within a seed, the rows of each arm share every tag value (no pooling over τ, K, w, traj or feature
+    space), and both arms exist in a default-shaped grid."""
+    from icml.methods.diverse_init import METHOD
+    from icml.methods.diverse_init.report import CLAIMS
+    from icml.reports.claims import arm_value
+
+    frame = pd.read_parquet(run / "metrics.parquet")
+    at_tau_star = {(c.where["tier"], c.where["param"], c.metric) for c in CLAIMS
+                   if c.a == {"variant": "divin", "tau_frac": 1.0, "k_steps": 1} and c.b == "base"}
+    assert at_tau_star == {(t, p, m) for t in ("gmm", "digits") for p in ("eps", "flow") for m in ("vendi", "inbatch_sim")}
+    for claim in CLAIMS:
+        for arm in (claim.a, claim.b):
+            rows = frame[(frame["phase"] == claim.phase) & (frame["metric"] == claim.metric)]
+            for column, value in {**claim.where, **(arm if isinstance(arm, dict) else {"variant": arm})}.items():
+                rows = rows[np.isclose(rows[column], value) if isinstance(value, float) else rows[column] == value]
+            assert len(rows) and rows.groupby("seed").size().eq(1).all(), (claim.name, arm)  # one per sampling seed
+            for tag in METHOD.tags:
+                assert rows[tag].nunique(dropna=False) == 1, (claim.name, arm, tag)
+            assert np.isfinite(arm_value(frame, claim, arm)), (claim.name, arm)
 
 
 def test_generate_verb_and_a_local_model_directory(run, tmp_path):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from icml.methods.diverse_init import data, divin, metrics
-from icml.methods.diverse_init.model import build_gmm, make_scheduler
+from icml.methods.diverse_init.model import ExactGmmDenoiser, build_gmm, make_scheduler
 
 EPS64 = torch.finfo(torch.float64).eps
 
@@ -99,6 +99,100 @@ def test_langevin_steps_match_the_closed_form_recursion(param, prior, noise):
         cancel = float(gains / (gain - posterior_gain(sched, 1.0, 0)).abs().min())  # x̂₀(c) − x̂₀(∅) loses digits
         assert torch.allclose(out.u_before, c.flatten() * z.pow(2).sum(1), rtol=32 * EPS64 * cancel ** 2, atol=0)
     assert out.nfe.tolist() == [k] * 40
+
+
+def test_pull_to_noise_ratio_is_the_first_steps_drift_against_its_kick():
+    """pull_noise = ‖ητ∇U‖/‖√(2η)ξ‖ with ∇U = 2(g_c − g_∅)²z (Gaussian data) and ξ the sample's own draw; at
+    τ = τ* (median ‖τ∇U‖ = median ‖z‖) the pull is only √(η/2) of the kick in the median: why τ* alone is weak."""
+    den, sched = gaussian_pair("eps")
+    n, eta = 400, 0.05
+    seeds = list(range(n))
+    z = divin.initial_noise(seeds, (3,), torch.float64)
+    labels = torch.zeros(n, dtype=torch.long)
+    tau = divin.calibrate_tau(den, sched, z, labels)
+    out = divin.divin_init(den, sched, z, labels, seeds, tau=tau, eta=eta, k_steps=2)
+    g_c, g_u = posterior_gain(sched, 0.25, 0), posterior_gain(sched, 1.0, 0)
+    xi = divin.per_sample_randn(divin.generators(seeds, divin.XI), (3,), torch.float64)
+    expected = eta * tau * 2 * (g_c - g_u) ** 2 * z.norm(dim=1) / (math.sqrt(2 * eta) * xi.norm(dim=1))
+    cancel = (abs(g_c) + g_u) / abs(g_c - g_u)  # x̂₀(c) − x̂₀(∅) loses digits, squared in U's gradient
+    assert torch.allclose(out.pull_noise, expected, rtol=256 * EPS64 * cancel ** 2, atol=0)
+    ratio = out.pull_noise * xi.norm(dim=1) / z.norm(dim=1)  # pull over ‖z‖ ÷ kick over ‖z‖
+    assert torch.allclose(ratio.median(), torch.tensor(math.sqrt(eta / 2), dtype=torch.float64), rtol=1e-9, atol=0)
+    assert divin.divin_init(den, sched, z, labels, seeds, tau=tau, eta=eta, k_steps=1, noise=False).pull_noise is None
+
+
+def test_tau_sweep_goes_beyond_tau_star_and_the_oracle_sweeps_its_own():
+    from icml.methods.diverse_init import config, pipeline
+
+    cfg = config.preset("default")
+    assert pipeline.tau_sweep(cfg, 2.0) == [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # τ*·{0, ⅛, …, 1, 2, 4, 8}
+    arms = pipeline.arms_for(cfg, "gmm", 2.0, exact_tau_star=300.0)
+    sweep = {(a.variant, a.tau, a.tau_frac) for a in arms if a.cfg_scale == 4.0 and a.k_steps == 1
+             and a.variant in ("divin", pipeline.ORACLE)}
+    assert {(v, t, f) for v, t, f in sweep if v == "divin"} == {("divin", 2.0 * f, f) for f in cfg.divin.tau_fracs}
+    assert {(v, t, f) for v, t, f in sweep if v != "divin"} == \
+        {(pipeline.ORACLE, 300.0 * f, f) for f in cfg.divin.tau_fracs if f > 0}
+    assert not any(a.variant == pipeline.ORACLE for a in pipeline.arms_for(cfg, "gmm", 2.0))
+    cfg.divin.tau_grid = [0.0, 3.0]
+    assert pipeline.tau_sweep(cfg, 2.0) == [0.0, 3.0]
+
+
+def _mixture_posterior_mean(x_t, a, b, weights, sigma, h=0.004):
+    """E[x₀ | x_t] for x_t = a·x₀ + b·ε, x₀ ~ Σ_k w_k N(μ_k, σ²I), by quadrature on a grid (10+ points per σ:
+    the Riemann sum of a smooth Gaussian integrand is exact to far below float64 rounding)."""
+    grid = np.arange(-1.4, 1.4 + h / 2, h)
+    gx, gy = np.meshgrid(grid, grid, indexing="ij")
+    pts = np.stack([gx.ravel(), gy.ravel()], 1)
+    means = data.gmm_means()
+    log_prior = np.log(np.exp(-((pts[:, None, :] - means[None]) ** 2).sum(-1) / (2 * sigma ** 2)) @ weights)
+    out = []
+    for x in x_t:
+        logp = log_prior - ((x - a * pts) ** 2).sum(1) / (2 * b ** 2)
+        p = np.exp(logp - logp.max())
+        out.append(p @ pts / p.sum())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("param, i", [("eps", 0), ("eps", 12), ("flow", 4)])
+def test_exact_gmm_denoiser_is_the_mixture_posterior_mean(param, i):
+    sched = divin.Schedule(make_scheduler(param), param, 25)
+    model = ExactGmmDenoiser(sched.scheduler, param, 0.05)
+    if param == "eps":
+        a = math.sqrt(sched.alpha_bar(i))
+        b = math.sqrt(1 - a ** 2)
+    else:
+        b = float(sched.sigmas[i])
+        a = 1 - b
+    x = torch.tensor([[0.3, -1.1], [1.0, 0.2], [-0.4, 0.05]], dtype=torch.float64) * (a + b)
+    for label in (0, 3, 4):  # two classes and the null (the class-balanced marginal)
+        weights = np.zeros(16)
+        classes = [label] if label < 4 else range(4)
+        for c in classes:
+            weights[data.class_components(c)] += np.array([0.7, 0.1, 0.1, 0.1]) / len(classes)
+        labels = torch.full((3,), label)
+        x0 = sched.tweedie(x, model(x, sched.timesteps[i], labels), i).numpy()
+        ref = _mixture_posterior_mean(x.numpy(), a, b, weights, 0.05)
+        # both sides are exact; the gap is float64 rounding of the sums and of Tweedie's 1/a amplification
+        assert np.allclose(x0, ref, rtol=0, atol=1e-10 / min(a, 1.0)), (label, x0, ref)
+
+
+def test_exact_gmm_potential_at_the_flow_start_is_constant_and_eps_is_tiny():
+    """Flow at σ₀ = 1: x̂₀(z, c) = the class mean 0.6·μ_c whatever z (∇U = 0). eps at DDIM-25's t₀ = 961:
+    x̂₀ barely depends on z (gain ≈ √ᾱ), so the true ∇U is ~10⁻³ — what a learned model must get right."""
+    z = divin.initial_noise(list(range(64)), (2,), torch.float64)
+    labels = torch.arange(64) % 4
+    flow = divin.Schedule(make_scheduler("flow"), "flow", 25)
+    den = divin.Denoiser(ExactGmmDenoiser(flow.scheduler, "flow", 0.05), null=4)
+    out_c, out_u = den.pair(z, flow.timesteps[0], labels)
+    means = torch.tensor(data.gmm_means())
+    assert torch.allclose(flow.tweedie(z, out_c), 0.6 * means[labels], rtol=0, atol=8 * EPS64)
+    assert torch.allclose(flow.tweedie(z, out_u), 0.15 * means[:4].sum(0).expand(64, 2), rtol=0, atol=8 * EPS64)
+    _, grad = divin.potential_grad(den, flow, z, labels)
+    assert float(grad.abs().max()) < 64 * EPS64
+    eps = divin.Schedule(make_scheduler("eps"), "eps", 25)
+    exact = divin.Denoiser(ExactGmmDenoiser(eps.scheduler, "eps", 0.05), null=4)
+    _, grad = divin.potential_grad(exact, eps, z, labels)
+    assert 1e-4 < float(grad.norm(dim=1).median()) < 1e-2
 
 
 def test_prior_only_langevin_keeps_standard_normal_statistics():

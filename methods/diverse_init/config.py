@@ -32,6 +32,7 @@ class GmmConfig:
     sample_steps: int = 25
     cfg_scales: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 7.5])
     k_steps: list[int] = field(default_factory=lambda: [1, 3])
+    oracle: bool = True  # eps: the divin_exact control (DivIn on the exact mixture's potential) and grad_cos_exact
 
 
 @dataclass
@@ -55,7 +56,8 @@ class DivinConfig:
     tau_frac: float = 1.0
     k_steps: int = 1
     potential: str = "sq"  # sq (official code) | l2 (the paper's plain norm)
-    tau_grid: list[float] | None = None  # None = auto: τ*·{0, 0.125, 0.25, 0.5, 1}
+    tau_grid: list[float] | None = None  # absolute τ values; None = auto: τ*·tau_fracs
+    tau_fracs: list[float] = field(default_factory=lambda: [0.0, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
     calib_noises: int = 64
 
 
@@ -182,6 +184,8 @@ def validate(cfg: DiverseInitConfig) -> None:
         raise ValueError(f"divin.tau must be ≥ 0 (or none for auto), not {cfg.divin.tau}")
     if cfg.divin.tau_grid is not None and (not cfg.divin.tau_grid or min(cfg.divin.tau_grid) < 0):
         raise ValueError(f"divin.tau_grid must be non-negative values (or none for auto), not {cfg.divin.tau_grid}")
+    if not cfg.divin.tau_fracs or min(cfg.divin.tau_fracs) < 0:
+        raise ValueError(f"divin.tau_fracs must be non-negative multiples of τ*, not {cfg.divin.tau_fracs}")
     if not 0 <= cfg.cads.tau1 < cfg.cads.tau2 <= 1:
         raise ValueError(f"cads needs 0 ≤ tau1 < tau2 ≤ 1, not tau1={cfg.cads.tau1}, tau2={cfg.cads.tau2}")
     if not 0 <= cfg.ig.lo < cfg.ig.hi <= 1:

@@ -131,6 +131,7 @@ class Init:
     z: torch.Tensor
     u_before: torch.Tensor | None = None  # per sample
     force_ratio: torch.Tensor | None = None  # ‖τ∇U‖/‖z‖ at the initial z
+    pull_noise: torch.Tensor | None = None  # ‖ητ∇U‖/‖√(2η)ξ‖ of the first step: the potential's pull against the noise
     nfe: torch.Tensor | None = None  # denoiser calls per sample spent on the initialisation
 
 
@@ -149,7 +150,10 @@ def divin_init(den, sched, z, labels, seeds, *, tau: float, eta: float, k_steps:
         drift = tau * grad + z if prior else tau * grad
         z = z - eta * drift
         if noise:
-            z = z + math.sqrt(2 * eta) * per_sample_randn(xi, z.shape[1:], z.dtype).to(z.device)
+            kick = math.sqrt(2 * eta) * per_sample_randn(xi, z.shape[1:], z.dtype).to(z.device)
+            if k == 0:
+                out.pull_noise = (eta * tau * grad).flatten(1).norm(dim=1) / kick.flatten(1).norm(dim=1)
+            z = z + kick
     out.z = z.detach()
     out.nfe = torch.full((len(z),), float(k_steps))
     return out

@@ -52,6 +52,45 @@ class GmmDenoiser(ModelMixin, ConfigMixin):
         return self.net(h)
 
 
+class ExactGmmDenoiser(nn.Module):
+    """The exact ε- (eps) or v-predictor (flow) of the spec's conditional GMM: E[ε | x_t, c] or E[ε − x₀ | x_t, c]
+    from the closed-form Gaussian-mixture posterior; the null class (index 4) is the class-balanced marginal,
+    which label dropout teaches the learned null. Called like `GmmDenoiser` (x, timestep, class_labels), so
+    DivIn's potential can be evaluated on the true data law (the oracle control of the GMM tier)."""
+
+    def __init__(self, scheduler, param: str, sigma: float, dtype=torch.float64):
+        super().__init__()
+        from icml.methods.diverse_init import data
+
+        self.param, self.sigma, self.scheduler = param, sigma, scheduler
+        self.alphas = scheduler.alphas_cumprod.to(dtype) if param == "eps" else None
+        weights = torch.zeros(GMM_CLASSES + 1, data.N_COMPONENTS, dtype=dtype)
+        for c in range(GMM_CLASSES):
+            weights[c, data.class_components(c)] = torch.tensor([data.DOMINANT] + [data.MINORITY] * 3, dtype=dtype)
+        weights[GMM_CLASSES] = weights[:GMM_CLASSES].mean(0)  # class-balanced training data
+        self.register_buffer("log_weights", weights.log())
+        self.register_buffer("means", torch.tensor(data.gmm_means(), dtype=dtype))
+
+    def forward(self, sample, timestep, class_labels):
+        """x_t = a·x₀ + b·ε with (a, b) = (√ᾱ_t, √(1−ᾱ_t)) (eps) or (1−σ, σ) (flow, σ of the sampler's step whose
+        timestep this is: timesteps are σ·1000 rounded to float32, so dividing by 1000 misses σ by ~1e-8)."""
+        t = float(timestep)
+        if self.param == "eps":
+            alpha = self.alphas[int(round(t))]
+            a, b = alpha.sqrt(), (1 - alpha).sqrt()
+        else:
+            step = int((self.scheduler.timesteps.double() - t).abs().argmin())
+            s = self.scheduler.sigmas[step].to(self.means.dtype)
+            a, b = 1 - s, s
+        var = a ** 2 * self.sigma ** 2 + b ** 2  # of x_t given a component
+        x = sample.to(self.means.dtype)
+        logits = self.log_weights[class_labels] - (x[:, None, :] - a * self.means).pow(2).sum(-1) / (2 * var)
+        resp = torch.softmax(logits, dim=1)  # posterior over components
+        x0 = resp @ self.means + (a * self.sigma ** 2 / var) * (x - a * (resp @ self.means))
+        eps = (x - a * x0) / b
+        return (eps if self.param == "eps" else eps - x0).to(sample.dtype)
+
+
 def build_gmm(hidden: int, seed: int):
     torch.manual_seed(seed)
     return GmmDenoiser(hidden=hidden)

@@ -20,8 +20,9 @@ from icml.cli.lifecycle import RunContext
 
 TIER_ID = {"gmm": 0, "digits": 1}
 DIVIN_ARMS = {"divin": (True, True), "divin_no_noise": (True, False), "divin_no_prior": (False, True),
-              "divin_cads": (True, True), "divin_ig": (True, True), "divin_pg": (True, True)}
-TAU_FRACS = (0.0, 0.125, 0.25, 0.5, 1.0)
+              "divin_cads": (True, True), "divin_ig": (True, True), "divin_pg": (True, True),
+              "divin_exact": (True, True)}
+ORACLE = "divin_exact"  # GMM eps control: DivIn on the exact potential of the true mixture, then the learned sampler
 GRID_PER_CLASS = 4  # digits images kept per class and arm for the report's sample grids
 
 
@@ -135,6 +136,7 @@ class Arm:
     tau: float = math.nan
     k_steps: int = 0
     eta: float = math.nan
+    tau_frac: float = math.nan  # τ/τ* (τ* of the potential the arm uses)
 
     @property
     def traj(self) -> str:
@@ -157,13 +159,31 @@ def load_tier(run_path: Path, cfg, tier: str, param: str):
     return Denoiser(net, null, conditional), scheduler, found
 
 
-def arms_for(cfg, tier: str, tau: float, taus: list[float]) -> list[Arm]:
+def default_tau(cfg, tau_star: float) -> float:
+    """The divin arm's τ: `divin.tau` if set, else `divin.tau_frac`·τ*."""
+    return cfg.divin.tau if cfg.divin.tau is not None else cfg.divin.tau_frac * tau_star
+
+
+def tau_sweep(cfg, tau_star: float) -> list[float]:
+    """The τ sweep: `divin.tau_grid` if set, else τ*·`divin.tau_fracs` (by default up to 8τ*: the one
+    Langevin step's pull ητ∇U is only √(η/2) ≈ 16 % of its noise √(2η)ξ at τ*, so τ* alone cannot show
+    where the pull starts to matter)."""
+    return list(cfg.divin.tau_grid) if cfg.divin.tau_grid is not None else [f * tau_star for f in cfg.divin.tau_fracs]
+
+
+def arms_for(cfg, tier: str, tau_star: float, exact_tau_star: float | None = None) -> list[Arm]:
+    """The grid of one tier × param. `exact_tau_star` (GMM eps): τ* of the exact potential, which adds the
+    oracle control `divin_exact` over the same τ/τ* sweep at `main_cfg`."""
     section = getattr(cfg, tier)
     eta, k = cfg.divin.eta, cfg.divin.k_steps
+    tau = default_tau(cfg, tau_star)
+
+    def frac(t, star=tau_star):
+        return t / star if star > 0 else math.nan
 
     def arm(variant, w, tau_=tau, k_=k):
         if variant in DIVIN_ARMS:
-            return Arm(variant, w, tau_, k_, eta)
+            return Arm(variant, w, tau_, k_, eta, frac(tau_))
         return Arm(variant, w)
 
     arms = []
@@ -171,10 +191,13 @@ def arms_for(cfg, tier: str, tau: float, taus: list[float]) -> list[Arm]:
         every = tier == "gmm" or w == cfg.main_cfg
         arms += [arm(v, w) for v in cfg.variants if every or v in ("base", "divin")]
     if "divin" in cfg.variants and (tier == "gmm" or cfg.digits.tau_sweep):
-        arms += [arm("divin", cfg.main_cfg, t) for t in taus if not math.isclose(t, tau)]
+        arms += [arm("divin", cfg.main_cfg, t) for t in tau_sweep(cfg, tau_star) if not math.isclose(t, tau)]
     for k_extra in section.k_steps:
         if k_extra != k:
             arms += [arm(v, cfg.main_cfg, k_=k_extra) for v in ("divin", "divin_no_prior") if v in cfg.variants]
+    if exact_tau_star:  # the same multiples of its own τ*; τ = 0 is divin's τ = 0 arm
+        fracs = sorted({cfg.divin.tau_frac, *cfg.divin.tau_fracs} - {0.0})
+        arms += [Arm(ORACLE, cfg.main_cfg, f * exact_tau_star, k, eta, f) for f in fracs]
     return arms
 
 
@@ -187,16 +210,18 @@ def trajectory(cfg, names) -> "divin.Trajectory":
                             pg_sigma_max=cfg.pg.sigma_max)
 
 
-def initialise(den, sched, arm: Arm, z, labels, seeds, cfg):
-    """The arm's initial noise: DivIn or an ablation (Langevin), SAIL (Adam with restarts), or z itself."""
+def initialise(den, sched, arm: Arm, z, labels, seeds, cfg, exact=None):
+    """The arm's initial noise: DivIn or an ablation (Langevin; `divin_exact` on the `exact` denoiser's
+    potential), SAIL (Adam with restarts), or z itself."""
     import torch
 
     from icml.methods.diverse_init import divin
 
     if arm.variant in DIVIN_ARMS:
         prior, noise = DIVIN_ARMS[arm.variant]
-        return divin.divin_init(den, sched, z, labels, seeds, tau=arm.tau, eta=arm.eta, k_steps=arm.k_steps,
-                                prior=prior, noise=noise, kind=cfg.divin.potential)
+        potential_den = exact if arm.variant == ORACLE else den
+        return divin.divin_init(potential_den, sched, z, labels, seeds, tau=arm.tau, eta=arm.eta,
+                                k_steps=arm.k_steps, prior=prior, noise=noise, kind=cfg.divin.potential)
     if arm.variant == "sail":
         s = cfg.sail
         return divin.sail_init(den, sched, z, labels, seeds, lr=s.lr, steps=s.steps, restarts=s.restarts,
@@ -204,23 +229,25 @@ def initialise(den, sched, arm: Arm, z, labels, seeds, cfg):
     return divin.Init(z, nfe=torch.zeros(len(z)))
 
 
-def run_arm(den, sched, arm: Arm, z, labels, seeds, cfg) -> dict:
-    """One arm: initialisation → the untouched sampler, timed together; then the diagnostics."""
+def run_arm(den, sched, arm: Arm, z, labels, seeds, cfg, exact=None) -> dict:
+    """One arm: initialisation → the untouched sampler, timed together; then the diagnostics (U of the
+    learned model for every arm, the oracle's included)."""
     import torch
 
     from icml.methods.diverse_init import divin
 
     started = time.perf_counter()
-    init = initialise(den, sched, arm, z, labels, seeds, cfg)
+    init = initialise(den, sched, arm, z, labels, seeds, cfg, exact)
     x = divin.sample(den, sched, init.z, labels, arm.cfg_scale, trajectory(cfg, [arm.traj]), seeds)
     wall = time.perf_counter() - started
     with torch.no_grad():  # diagnostics, outside the timing
         u_after = divin.potential(den, sched, init.z, labels, cfg.divin.potential)
-        u_before = init.u_before if init.u_before is not None else divin.potential(den, sched, z, labels,
-                                                                                   cfg.divin.potential)
+        learned_before = init.u_before is not None and arm.variant != ORACLE  # the oracle's own is the exact U
+        u_before = init.u_before if learned_before else divin.potential(den, sched, z, labels, cfg.divin.potential)
     d = z[0].numel()
     return {"x": x.detach().double().numpy(), "u_before": float(u_before.mean()), "u_after": float(u_after.mean()),
             "force_ratio": float(init.force_ratio.mean()) if init.force_ratio is not None else math.nan,
+            "pull_noise_ratio": float(init.pull_noise.mean()) if init.pull_noise is not None else math.nan,
             "z_norm": (init.z.flatten(1).norm(dim=1) / math.sqrt(d)).double().numpy(),
             "nfe": float(init.nfe.mean()) + sched.steps, "wall_s": wall / len(z)}
 
@@ -342,26 +369,36 @@ def eval_job(run_path: str, cfg, tier: str, param: str, run_seed: int) -> dict:
         den, scheduler, found = load_tier(run_path, cfg, tier, param)
         sched = divin.Schedule(scheduler, found, section.sample_steps)
         calib = [divin.sample_seed(run_seed, 9_999, TIER_ID[tier], i) for i in range(cfg.divin.calib_noises)]
-        tau_star = divin.calibrate_tau(den, sched, divin.initial_noise(calib, shape),
-                                       torch.arange(cfg.divin.calib_noises) % n_classes, cfg.divin.potential)
-        tau = cfg.divin.tau if cfg.divin.tau is not None else cfg.divin.tau_frac * tau_star
-        taus = cfg.divin.tau_grid if cfg.divin.tau_grid is not None else [f * tau_star for f in TAU_FRACS]
-        arms = arms_for(cfg, tier, tau, taus)
+        calib_z, calib_labels = divin.initial_noise(calib, shape), torch.arange(cfg.divin.calib_noises) % n_classes
+        tau_star = divin.calibrate_tau(den, sched, calib_z, calib_labels, cfg.divin.potential)
+        tau = default_tau(cfg, tau_star)
+        exact = exact_gmm(cfg, sched) if tier == "gmm" and found == "eps" and cfg.gmm.oracle else None
+        exact_tau_star = exact and divin.calibrate_tau(exact, sched, calib_z, calib_labels, cfg.divin.potential)
+        arms = arms_for(cfg, tier, tau_star, exact_tau_star)
         tags = {"tier": tier, "param": found, "n_per_class": section.n_per_class}
-        out["rows"].append({"metric": "tau_star", "value": tau_star, "variant": "divin", "tau": tau, **tags})
+        out["rows"].append({"metric": "tau_star", "value": tau_star, "variant": "divin", "tau": tau,
+                            "tau_frac": tau / tau_star if tau_star > 0 else math.nan, **tags})
+        if exact:
+            out["rows"].append({"metric": "tau_star", "value": exact_tau_star, "variant": ORACLE, **tags,
+                                "tau": cfg.divin.tau_frac * exact_tau_star, "tau_frac": cfg.divin.tau_frac})
         started = time.perf_counter()
         for s in range(n_seeds):
             seeds = [divin.sample_seed(run_seed, s, TIER_ID[tier], int(c), i % section.n_per_class)
                      for i, c in enumerate(labels_np)]
             z = divin.initial_noise(seeds, shape)
+            if exact:
+                cos = gradient_agreement(den, exact, sched, z, labels, cfg)
+                out["rows"].append({"metric": "grad_cos_exact", "value": cos, "feature_space": "init",
+                                    "variant": "divin", "seed": run_seed + s, **tags})
             for arm in arms:
-                result = run_arm(den, sched, arm, z, labels, seeds, cfg)
+                result = run_arm(den, sched, arm, z, labels, seeds, cfg, exact)
                 row_tags = {**tags, "variant": arm.variant, "cfg_scale": arm.cfg_scale, "tau": arm.tau,
-                            "eta": arm.eta, "k_steps": arm.k_steps, "traj": arm.traj, "seed": run_seed + s}
+                            "tau_frac": arm.tau_frac, "eta": arm.eta, "k_steps": arm.k_steps, "traj": arm.traj,
+                            "seed": run_seed + s}
                 out["rows"] += [{"metric": m, "value": v, "feature_space": fs, **row_tags}
                                 for m, fs, v in score(tier_eval, result["x"], labels_np, cfg)]
                 out["rows"] += [{"metric": m, "value": result[m], "feature_space": "init", **row_tags}
-                                for m in ("u_before", "u_after", "force_ratio", "nfe", "wall_s")]
+                                for m in ("u_before", "u_after", "force_ratio", "pull_noise_ratio", "nfe", "wall_s")]
                 out["rows"].append({"metric": "z_norm_ratio", "value": float(result["z_norm"].mean()),
                                     "feature_space": "init", **row_tags})
                 if s == 0:
@@ -370,6 +407,26 @@ def eval_job(run_path: str, cfg, tier: str, param: str, run_seed: int) -> dict:
                       f"seeds × {len(labels)} samples, first timestep {float(sched.timesteps[0]):g}, "
                       f"{time.perf_counter() - started:.0f} s")
     return out
+
+
+def exact_gmm(cfg, sched):
+    """The exact denoiser of the spec's GMM on the sampler's schedule (float64), as a `Denoiser`."""
+    from icml.methods.diverse_init import data, divin
+    from icml.methods.diverse_init.model import ExactGmmDenoiser
+
+    return divin.Denoiser(ExactGmmDenoiser(sched.scheduler, sched.param, cfg.gmm.sigma), null=data.GMM_CLASSES)
+
+
+def gradient_agreement(den, exact, sched, z, labels, cfg) -> float:
+    """Mean cosine between the learned model's ∇U and the exact mixture's ∇U at the same noises: does the
+    learned potential push z where the true one does?"""
+    import torch
+
+    from icml.methods.diverse_init import divin
+
+    _, learned = divin.potential_grad(den, sched, z, labels, cfg.divin.potential)
+    _, true = divin.potential_grad(exact, sched, z, labels, cfg.divin.potential)
+    return float(torch.nn.functional.cosine_similarity(learned.flatten(1).double(), true.flatten(1), dim=1).mean())
 
 
 def _keep(arm: Arm, tau: float, tier, param, out, labels, cfg, run_id: str, seed: int, tables: dict) -> None:
@@ -384,11 +441,11 @@ def _keep(arm: Arm, tau: float, tier, param, out, labels, cfg, run_id: str, seed
             "x": out["x"][:, 0], "y": out["x"][:, 1], "component": component,
             "in_3sigma": dist <= 3 * cfg.gmm.sigma}))
     main = arm.cfg_scale == cfg.main_cfg
-    default_tau = math.isnan(arm.tau) or arm.tau == tau  # not a τ-sweep point
-    if main and arm.variant in ("base", "divin", "divin_no_prior") and default_tau:
+    at_default_tau = math.isnan(arm.tau) or arm.tau == tau  # not a τ-sweep point
+    if main and arm.variant in ("base", "divin", "divin_no_prior") and at_default_tau:
         tables["znorm"] += [{"tier": tier, "param": param, "variant": arm.variant, "k_steps": arm.k_steps, "z_norm": float(v)}
                        for v in out["z_norm"]]
-    if tier == "digits" and main and arm.k_steps in (0, cfg.divin.k_steps) and default_tau:
+    if tier == "digits" and main and arm.k_steps in (0, cfg.divin.k_steps) and at_default_tau:
         keep = np.concatenate([np.flatnonzero(labels == c)[:GRID_PER_CLASS] for c in np.unique(labels)])
         tables["grids"][f"{param}/{arm.variant}"] = out["x"][keep].astype(np.float32)
 

@@ -9,14 +9,38 @@ import pandas as pd
 
 from icml.methods.diverse_init import METHOD
 from icml.methods.diverse_init.config import VARIANTS
+from icml.methods.diverse_init.pipeline import ORACLE
+from icml.reports.claims import Claim
 from icml.reports.plots import new_axes
 from icml.reports.tables import Table, fmt, metric_table
 
 BETTER = METHOD.metrics
 QUALITY = ["vendi", "recall", "precision", "density", "coverage", "fid", "inbatch_sim", "cond_acc"]
 GMM_ONLY = ["mode_coverage", "minority_mass", "gmm_precision"]
-INIT = ["u_before", "u_after", "z_norm_ratio", "force_ratio"]
+INIT = ["u_before", "u_after", "z_norm_ratio", "force_ratio", "pull_noise_ratio"]
 PARETO_ARMS = ("base", "divin", "cads", "divin_cads", "ig", "divin_ig", "pg", "divin_pg", "sail")
+MAIN_CFG, MAIN_K = 4.0, 1  # the default preset's main scale and K, where the claims are read
+FEATURES = {"gmm": "coord", "digits": "clf"}
+
+VERB = {"vendi": "raises vendi", "inbatch_sim": "lowers in-batch similarity", "minority_mass": "raises minority mass"}
+
+
+def _claim(tier: str, param: str, metric: str, variant: str = "divin", frac: float = 1.0) -> Claim:
+    """`variant` at τ = frac·τ* (its own τ*) and K = 1 against base, at w = 4, in the tier's feature space, no
+    trajectory option: every tag that tells the grid's rows apart is pinned."""
+    who = "DivIn on the exact potential" if variant == ORACLE else "DivIn"
+    scale = "τ*" if frac == 1 else f"{fmt(frac)}τ*"
+    return Claim(f"{who} {VERB[metric]} on {tier} {param} (w = 4, τ = {scale}, K = 1)", metric,
+                 {"variant": variant, "tau_frac": frac, "k_steps": MAIN_K}, "base",
+                 where={"tier": tier, "param": param, "cfg_scale": MAIN_CFG, "feature_space": FEATURES[tier],
+                        "traj": "none"})
+
+
+# The spec's "DivIn at equal w: higher vendi, lower inbatch_sim", one cell per tier × param at τ = τ*; then the
+# τ sweep's far end on the GMM (8τ*) and the oracle control (DivIn on the exact mixture's potential, GMM eps).
+CLAIMS = [_claim(t, p, m) for t in ("gmm", "digits") for p in ("eps", "flow") for m in ("vendi", "inbatch_sim")] + \
+    [_claim("gmm", p, m, frac=8.0) for p in ("eps", "flow") for m in ("vendi", "minority_mass")] + \
+    [_claim("gmm", "eps", m, ORACLE, f) for f in (1.0, 8.0) for m in ("vendi", "inbatch_sim", "minority_mass")]
 
 
 def _eval(frame: pd.DataFrame) -> pd.DataFrame:
@@ -25,7 +49,7 @@ def _eval(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _defaults(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float]]:
     """(tier, param) → (default divin τ, τ*) from the tau_star rows."""
-    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "tau_star")]
+    rows = frame[(frame["phase"] == "eval") & (frame["metric"] == "tau_star") & (frame["variant"] == "divin")]
     return {(r.tier, r.param): (r.tau, r.value) for r in rows.itertuples()}
 
 
@@ -45,14 +69,28 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
         sub = _main_arms(ev, tier, param, tau, k)
         sub = sub[sub["cfg_scale"] == config.main_cfg]
         metrics = QUALITY + (GMM_ONLY if tier == "gmm" else []) + INIT
-        out.append(metric_table(sub, f"{tier} · {param}: arms at w = {fmt(config.main_cfg)} (τ = {fmt(tau)}, "
-                                     f"τ* = {fmt(tau_star)}, K = {k})", metrics, BETTER, order=list(VARIANTS),
+        # the title names the cell, not this seed's τ* (a group report aligns its seeds' tables by title;
+        # τ* is in the learned-vs-exact table)
+        if config.divin.tau is not None:
+            scale = fmt(config.divin.tau)
+        else:
+            scale = "τ*" if config.divin.tau_frac == 1 else f"{fmt(config.divin.tau_frac)}·τ*"
+        out.append(metric_table(sub, f"{tier} · {param}: arms at w = {fmt(config.main_cfg)} (τ = {scale}, "
+                                     f"K = {k})", metrics, BETTER, order=list(VARIANTS),
                                 note=f"mean ± sd over sampling seeds; features: {'coordinates' if tier == 'gmm' else 'classifier penultimate layer'}"))
-    sweep = ev[(ev["variant"] == "divin") & (ev["cfg_scale"] == config.main_cfg) & (ev["k_steps"] == k)]
+    sweep = _sweep(ev, config)
     if not sweep.empty:
-        out.append(metric_table(sweep.sort_values(["tier", "param", "tau"], kind="stable"), f"τ sweep of divin at w = {fmt(config.main_cfg)}",
-                                ["vendi", "recall", "precision", "fid", "u_before", "u_after", "force_ratio"],
-                                BETTER, rows=["tier", "param", "tau"]))
+        out.append(metric_table(sweep.sort_values(["tier", "param", "variant", "tau_frac"], kind="stable"),
+                                f"τ sweep at w = {fmt(config.main_cfg)} (τ/τ*; {ORACLE}: DivIn on the exact "
+                                "mixture's potential, τ/τ* of its own τ*)",
+                                ["vendi", "recall", "precision", "inbatch_sim", "minority_mass", "fid", "u_after",
+                                 "force_ratio", "pull_noise_ratio"], BETTER,
+                                rows=["tier", "param", "variant", "tau_frac"]))
+    potentials = frame[(frame["phase"] == "eval") & (frame["metric"].isin(["tau_star", "grad_cos_exact"]))]
+    if not potentials.empty:
+        out.append(metric_table(potentials, f"calibrated τ* per tier × param ({ORACLE}: of the exact GMM potential) "
+                                            "and the mean cosine of the learned and the exact ∇U",
+                                ["tau_star", "grad_cos_exact"], BETTER, rows=["tier", "param", "variant"]))
     ks = ev[ev["variant"].isin(["divin", "divin_no_prior"]) & (ev["cfg_scale"] == config.main_cfg)]
     ks = ks[ks.apply(lambda r: np.isclose(r["tau"], defaults.get((r["tier"], r["param"]), (np.nan,))[0]), axis=1)] \
         if not ks.empty else ks
@@ -92,6 +130,13 @@ def headline(frame: pd.DataFrame) -> dict:
 
 
 # plots ---------------------------------------------------------------------------------------------
+def _sweep(ev: pd.DataFrame, config) -> pd.DataFrame:
+    """divin (and the oracle) over τ at the main scale and K."""
+    sweep = ev[ev["variant"].isin(["divin", ORACLE]) & (ev["cfg_scale"] == config.main_cfg)
+               & (ev["k_steps"] == config.divin.k_steps)]
+    return sweep if "tau_frac" in sweep else sweep.iloc[:0]  # runs recorded before the τ/τ* tag: no sweep
+
+
 def _mean(sub: pd.DataFrame, metric: str, by: list[str]) -> pd.Series:
     return sub[sub["metric"] == metric].groupby(by)["value"].mean()
 
@@ -121,16 +166,16 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
             axes[0][0].legend(fontsize=7)
             fig.suptitle(f"{tier}: {y_metric} vs {x_metric} across guidance scale")
             figures.append((f"{tier} pareto {y_metric} vs {x_metric}", fig))
-    sweep = ev[(ev["variant"] == "divin") & (ev["cfg_scale"] == config.main_cfg) & (ev["k_steps"] == k)]
+    sweep = _sweep(ev, config)
     if not sweep.empty and sweep.groupby(["tier", "param"])["tau"].nunique().max() > 2:
         fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
         for ax, metric in zip(axes, ("vendi", "recall", "precision", "u_after")):
-            for (tier, param), (_, tau_star) in defaults.items():
-                series = _mean(sweep[(sweep["tier"] == tier) & (sweep["param"] == param)], metric, ["tau"])
+            for (tier, param, variant), part in sweep.groupby(["tier", "param", "variant"]):
+                series = _mean(part, metric, ["tau_frac"])
                 if len(series):
-                    ax.plot(series.index / tau_star if tau_star > 0 else series.index, series.values, "o-",
-                            label=f"{tier} {param}")
-            ax.set(title=metric, xlabel="τ / τ*")
+                    ax.plot(series.index, series.values, "o-" if variant == "divin" else "s--",
+                            label=f"{tier} {param}" + (f" {variant}" if variant != "divin" else ""))
+            ax.set(title=metric, xlabel="τ / τ*", xscale="symlog", xlim=(0, None))
         axes[0].legend(fontsize=7)
         fig.suptitle(f"τ sweep of divin at w = {fmt(config.main_cfg)}")
         figures.append(("tau sweep", fig))
