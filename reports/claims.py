@@ -62,13 +62,13 @@ def _matches(column, value):
 def arm_rows(frame, claim: Claim, arm):
     """The rows of one arm at one seed (None if a filtered column is absent), checked for silent pooling."""
     rows = frame[(frame["phase"] == claim.phase) & (frame["metric"] == claim.metric)]
-    if claim.phase == "train" and not rows.empty:
-        rows = rows[rows["step"] == rows.groupby("variant")["step"].transform("max")]
     filters = {**claim.where, **(arm if isinstance(arm, dict) else {"variant": arm})}
     for column, value in filters.items():
         if column not in rows.columns:
             return None
         rows = rows[_matches(rows[column], value)]
+    if claim.phase == "train" and not rows.empty:  # the last step of the rows the claim names (per experiment)
+        rows = rows[rows["step"] == rows.groupby("variant")["step"].transform("max")]
     for column in rows.columns:
         if column in NOT_TAGS or column in filters or column in claim.pool:
             continue

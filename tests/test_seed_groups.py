@@ -252,3 +252,13 @@ def test_the_same_seed_on_this_machine_is_bit_identical(icml):
     assert len(a) > 0
     pd.testing.assert_frame_equal(a, b, check_exact=True)  # every value, bit for bit
     assert not np.array_equal(a["value"].to_numpy(), _values(other)["value"].to_numpy())
+
+
+def test_a_train_claim_reads_the_last_step_of_the_rows_it_names():
+    """Two experiments of one variant end at different steps: a claim pinned to the shorter one reads its
+    last step (taking the variant's last step over both experiments dropped it)."""
+    frame = pd.DataFrame({"phase": "train", "metric": "coverage", "variant": ["g", "g", "g", "g"],
+                          "env": ["rooms", "rooms", "door", "door"], "step": [4096, 8192, 8192, 16384],
+                          "value": [0.5, 0.8, 0.6, 0.9]})
+    claim = Claim("g covers rooms", "coverage", "g", "v", where={"env": "rooms"}, phase="train")
+    assert arm_value(frame, claim, "g") == 0.8
