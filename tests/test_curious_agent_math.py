@@ -129,6 +129,27 @@ def test_reset_touches_only_the_projector_and_its_adam_moments():
     assert np.array_equal(glance.normaliser.ret, normaliser["ret"]) and glance.normaliser.var == normaliser["var"]
 
 
+def test_projector_resets_fall_inside_the_schedule_never_on_its_last_updates():
+    """Spec: every K = 20 % of the updates. At the default's 16 updates K = 3.2: resets at the 20, 40,
+    60 and 80 % points (before updates 4, 7, 11, 14), so the projector that eval probes trained for
+    3 updates. Update 16 (100 %) is not interior: a reset there leaves it trained for one."""
+    from icml.methods.curious_agent.ppo import reset_updates
+
+    cfg = tiny_cfg()
+    cfg.ppo.n_envs, cfg.ppo.rollout, cfg.ppo.total_steps = 1, 2, 32  # 16 updates, as the default preset
+    rows = train_arm(cfg, "glance", 0, None)[0]
+    resets = [r["step"] // 2 for r in rows if r["metric"] == "projector_reset" and r["value"] > 0]
+    assert resets == [4, 7, 11, 14]
+    for updates in (4, 8, 10, 16, 25, 100):
+        for every in (0.1, 0.2, 0.25, 0.3, 0.4, 0.5):
+            period = every * updates
+            last = max(reset_updates(updates, every), default=1)
+            assert updates - last + 1 >= int(period), (updates, every)  # updates the final projector trains
+            if period >= 1:  # distinct points: one reset per interior multiple of K
+                assert len(reset_updates(updates, every)) == round(1 / every) - 1, (updates, every)
+    assert reset_updates(16, 0.0) == set() and reset_updates(16, 1.0) == set()
+
+
 def test_projector_initialisation_and_reset_draw_nothing_from_the_policy_rng():
     from icml.methods.curious_agent.model import Projector
 
@@ -294,6 +315,35 @@ def test_revisit_probe_is_neutral_without_learning_and_decays_with_it():
     moved = revisit_probe(cfg, arm_spec("glance", cfg), agent, state, seed=0, repeats=20)
     assert moved["probe_ri_decay"] < 0.9
     assert all(torch.equal(v, before[k]) for k, v in agent.state_dict().items())  # the probe works on a copy
+
+
+def test_smoke_agent_reads_the_image():
+    """The smoke preset's warmed-up agent must see the frame, or the smoke runs cannot catch a broken
+    curiosity signal (h at </pred> would carry no image). Its warm-up once stopped after 32 Adam steps,
+    and greedy decoding gave one identical turn for every state (a blind agent's best guess: each
+    slot's most frequent value). Now: many distinct <obs>/<pred>, <obs> beats the blind guess, and
+    the same turn on other frames changes."""
+    from icml.methods.curious_agent.env import GridEnvs
+    from icml.methods.curious_agent.model import OBS_POS, PRED_POS
+    from icml.methods.curious_agent.ppo import new_agent, slot_accuracy, warmup
+
+    cfg = preset("smoke")
+    agent = new_agent(cfg)
+    agent.load_state_dict(warmup(cfg, 0))
+    envs = GridEnvs(cfg.env.id, 16, 7_000_000, cfg.env.actions, cfg.env.tile_size, cfg.env.max_steps)
+    rng, frames, slots = np.random.default_rng(0), [], []
+    for _ in range(6):  # 96 states of random walks on layouts the warm-up never saw
+        frames.append(envs.frames.copy()), slots.append(envs.slots.copy())
+        envs.step(rng.integers(0, 5, 16))
+    frames, slots = torch.tensor(np.concatenate(frames)), np.concatenate(slots)
+    tokens = agent.generate(frames, greedy=True)[0]
+    obs, pred = tokens[:, OBS_POS], tokens[:, PRED_POS]
+    assert len({tuple(r) for r in obs.tolist()}) >= 8 and len({tuple(r) for r in pred.tolist()}) >= 8
+    read = float(slot_accuracy(tokens, torch.tensor(slots), OBS_POS).mean())
+    blind = np.mean([np.bincount(slots[:, k]).max() / len(slots) for k in range(6)])
+    assert read > blind + 0.05, (read, blind)
+    shuffled = agent.generate(frames.roll(1, 0), greedy=True)[0]  # each turn on its neighbour's frame
+    assert (shuffled[:, OBS_POS] != obs).any(1).float().mean() > 0.5
 
 
 def test_splitting_door_marks_the_goal_room_of_doorkey_only():

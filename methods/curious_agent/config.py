@@ -97,6 +97,10 @@ def preset(name: str) -> CuriousAgentConfig:
         cfg.ppo.n_envs = 4
         cfg.ppo.rollout = 32
         cfg.warmup.transitions = 512
+        # 4 epochs (32 Adam steps) left a blind agent, one identical turn for every frame; 256 steps at
+        # 3e-3 read the image (~13 distinct <obs> over 192 states, slot accuracy 0.79 vs 0.68 blind) for ~11 CPU-s more
+        cfg.warmup.epochs = 32
+        cfg.warmup.lr = 3e-3
         cfg.env.max_steps = 50
     elif name == "default":
         # calibrated on the shared 2-core machine (README, "Measured"): one update of 16 envs x 64

@@ -261,6 +261,18 @@ class Glance:
 
 
 # ---- training -----------------------------------------------------------------------------------
+def reset_updates(updates: int, every: float) -> set[int]:
+    """The updates (1-based) that start with a projector reset: every K = `every` × `updates` updates
+    (K fractional, each point rounded), at the interior points of the schedule only. The last reset
+    comes ⌊K⌋ or more updates before the end, so the projector that is evaluated trained about as long
+    as every other (a reset on the final update would leave it trained for a single update)."""
+    if every <= 0:
+        return set()
+    period = every * updates
+    points = {round(j * period) for j in range(1, int(1 / every + 1e-9))}  # j K ≤ (1 − every) × updates
+    return {point + 1 for point in points if 1 <= point < updates}
+
+
 def _tag(cfg, spec: ArmSpec) -> dict:
     return {"env_id": cfg.env.id, "reward_mode": cfg.reward_mode, "beta": spec.beta,
             "reset_every": spec.reset_every, "ema_alpha": spec.ema_alpha}
@@ -286,14 +298,13 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None, 
     optimiser = torch.optim.Adam(list(model.parameters()) + (list(rnd.predictor.parameters()) if rnd else []),
                                  lr=p.lr)
     updates = max(1, p.total_steps // (p.n_envs * p.rollout))
-    reset_every = max(1, round(spec.reset_every * updates)) if spec.reset_every > 0 else 0
+    resets = reset_updates(updates, spec.reset_every)
     tags, rows = _tag(cfg, spec), []
     steps, first_success, returns_now = 0, None, np.zeros(p.n_envs)
     ri_novel, ri_revisit = [], []
     for update in range(1, updates + 1):
         start = time.perf_counter()
-        reset = bool(glance is not None and glance.active and reset_every and update > 1
-                     and (update - 1) % reset_every == 0)
+        reset = glance is not None and glance.active and update in resets
         if reset:
             glance.reset_projector()
         buf = {k: [] for k in ("frames", "next", "tokens", "logp", "values", "reward", "done", "ri_raw",
