@@ -60,13 +60,14 @@ def test_eval_of_a_run_with_a_planted_checkpoint_refuses_it(icml, toy, tmp_path)
     assert not marker.exists()
 
 
-def test_every_checkpoint_load_goes_through_load_checkpoint():
-    """A torch.load anywhere else (weights_only=False, or its default, which is False before torch 2.6)
-    would read a run's files without the guard."""
+def test_no_torch_load_can_unpickle_code():
+    """Run checkpoints go through load_checkpoint; a user's own .pt file may be read where its loader words
+    its errors, but only with weights_only=True on the call (torch's default is False before 2.6, and
+    pyproject admits torch ≥ 2.4)."""
     offenders = []
     for folder in ("cli", "methods", "data", "reports", "tests/toy_method"):
         for path in sorted((REPO / folder).rglob("*.py")):
             for n, line in enumerate(path.read_text().splitlines(), 1):
-                if re.search(r"\btorch\.load\(", line) and path.name != "runstore.py":
+                if re.search(r"\btorch\.load\(", line) and "weights_only=True" not in line:
                     offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
