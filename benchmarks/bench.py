@@ -1,7 +1,8 @@
 """`make bench`: start-up and smoke-run timings as ratios against baselines measured in the
 same run, written to Parquet (not part of `make test`; timings never gate the tests).
 
-- startup: `icml --help` against a bare `python -c pass` (goal: help stays light, no torch).
+- startup: `icml --help` against a bare `python -c pass`, and against a bare Typer app of 19 sub-apps
+  (goal ≤ 1.5×: help stays light, no torch or numpy, and a method's commands are built only when named).
 - smoke/<method>: train + eval + report at `--preset smoke`, against `python -c "import torch"`
   (the floor any torch method pays) and against the 60 s smoke budget.
 - psi_half/<rows>x<cols>: spectral-optim's SVD-free Ψ_½ against torch.linalg.svd of the same matrix
@@ -86,6 +87,19 @@ def write_results(out: Path, rows: list[dict]) -> None:
     print(f"written to {out}")
 
 
+# The floor of a Typer CLI shaped like ours: 19 sub-apps of train / eval / report, nothing else imported.
+BARE_TYPER = """
+import typer
+app = typer.Typer()
+for i in range(19):
+    sub = typer.Typer()
+    for verb in ("train", "eval", "report"):
+        sub.command(verb)(lambda: None)
+    app.add_typer(sub, name=f"m{i}")
+app()
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results/bench.parquet"))
@@ -100,6 +114,9 @@ def main() -> None:
     helped = median_time(icml + ["--help"], args.repeats)
     rows.append({"bench": "startup", "seconds": helped, "baseline": "python -c pass",
                  "baseline_seconds": bare, "ratio": helped / bare})
+    typer_app = median_time([py, "-c", BARE_TYPER, "--help"], args.repeats)
+    rows.append({"bench": "startup", "seconds": helped, "baseline": "bare Typer app, 19 sub-apps (goal ≤ 1.5×)",
+                 "baseline_seconds": typer_app, "ratio": helped / typer_app})
 
     torch_floor = median_time([py, "-c", "import torch"], 3)
     for method in args.methods:
