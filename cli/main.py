@@ -13,7 +13,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from icml.cli import __version__, console, registry
+from icml.cli import console, registry
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
 from icml.cli.method_app import method_app
@@ -48,6 +48,8 @@ app = typer.Typer(name="icml", cls=RootGroup, no_args_is_help=True, add_completi
 
 def _version(value: bool) -> None:
     if value:
+        from icml.cli import __version__
+
         print(f"icml {__version__}")
         raise typer.Exit()
 
