@@ -58,6 +58,53 @@ def test_every_variant_and_metric(tiny_run):
     assert len(gap) == 10 and ((gap >= 0) & (gap <= 1.0) | gap.isna()).all()
 
 
+def test_generators_take_their_lane_counts_from_the_training_tiles(tiny_run):
+    """Issue 47: with every held-out tile cut to one lane, the generators' tiles keep training-tile lane counts, so
+    fd_density (√Fréchet of #lanes) is the closed form against counts of 1, not 0 by construction; the VAE
+    reconstructs the held-out tiles themselves (0)."""
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+
+    from icml.methods.drive_world import evaluation, pipeline
+
+    runs, run = tiny_run
+    copy = Path(run).with_name(Path(run).name + "-held1")
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("metrics.parquet", "rollouts.parquet"))
+    tiles = dict(np.load(copy / "checkpoints/tiles.npz"))
+    tiles["held_lane_mask"][:, 1:] = False
+    np.savez_compressed(copy / "checkpoints/tiles.npz", **tiles)
+    result = invoke("drive-world", "eval", copy, "--runs-dir", runs, "--json")
+    assert result.code == 0, result.err
+    frame = pd.read_parquet(copy / "metrics.parquet")
+    density = frame[(frame["phase"] == "eval") & (frame["metric"] == "fd_density")].set_index("variant")["value"]
+    train = {k[6:]: v for k, v in tiles.items() if k.startswith("train_")}
+    n = 4  # TINY's eval_samples; the run's seed is the default, 0
+    drawn = pipeline.generation_cond(train, n, 0)["lane_mask"].sum(1).numpy().astype(float)
+    expected = evaluation.frechet_1d(list(drawn), [1.0] * n)
+    assert expected > 3  # training tiles have ≥ 4 lanes
+    assert density["vae_recon"] == 0
+    for variant in GENERATORS - {"vae_recon"}:
+        assert abs(density[variant] - expected) < 1e-12, (variant, density[variant], expected)
+
+
+def test_every_declared_claim_reads_two_arms_of_a_real_run(tiny_run):
+    """The group report judges CLAIMS on these rows: each arm matches real rows, without silent pooling."""
+    from icml.methods.drive_world import METHOD
+    from icml.methods.drive_world.report import CLAIMS
+    from icml.reports.claims import arm_rows
+
+    _, run = tiny_run
+    frame = pd.read_parquet(f"{run}/metrics.parquet")
+    assert len(CLAIMS) >= 8
+    for claim in CLAIMS:  # (values may be NaN here: the tiny generators decode no successor edge)
+        assert claim.metric in METHOD.metrics, claim.name
+        for arm in (claim.a, claim.b):
+            rows = arm_rows(frame, claim, arm)
+            assert rows is not None and len(rows) >= 1, (claim.name, arm)
+
+
 def test_report_json_and_html(tiny_run, tmp_path):
     runs, run = tiny_run
     result = invoke("drive-world", "report", run, "--runs-dir", runs, "--format", "json")

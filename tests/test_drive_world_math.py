@@ -244,6 +244,23 @@ def test_dkal_term_invariances_minimiser_and_capped_scale():
     assert deltasim.dkal_term(torch.zeros_like(cost), cost, 1.5) > 1e3 * zero  # uncapped: swamps a CE of ~5
 
 
+def test_generated_tiles_take_their_counts_from_the_training_tiles():
+    """Issue 47: the generators are conditioned on lane / agent counts and labels of training tiles drawn at
+    random (seeded), not on those of the held-out tiles they are scored against."""
+    from icml.methods.drive_world import pipeline
+
+    cfg = config.preset("smoke").data
+    train = world.make_tiles(cfg, 40, 3, 0.3)
+    cond = pipeline.generation_cond(train, 300, seed=7)
+    idx = np.random.default_rng(7).integers(0, 40, 300)
+    for key in ("lane_mask", "agent_mask", "label"):
+        assert np.array_equal(cond[key].numpy(), train[key][idx]), key
+    lanes = cond["lane_mask"].sum(1).numpy()
+    assert len(np.unique(lanes)) > 1 and set(lanes) <= set(train["lane_mask"].sum(1))
+    again = pipeline.generation_cond(train, 300, seed=8)["lane_mask"]
+    assert not torch.equal(again, cond["lane_mask"])  # another seed, another draw
+
+
 def test_energy_distance_closed_forms_and_toy_mixture():
     from icml.methods.drive_world import toy
 

@@ -245,6 +245,14 @@ def _cond(tiles, idx) -> dict:
                 label=torch.as_tensor(tiles["label"][idx]))
 
 
+def generation_cond(train, n: int, seed: int) -> dict:
+    """Conditions of n generated tiles: the lane / agent counts and scene labels of n training tiles drawn with
+    replacement (seeded), i.e. the training distribution. Taking them from the held-out tiles being scored gave
+    every generated tile its reference's lane count, so `fd_density` (the #lanes statistic) was 0 by construction."""
+    idx = np.random.default_rng(seed).integers(0, len(train["label"]), n)
+    return _cond(train, idx)
+
+
 def _split(tiles, idx) -> list[dict]:
     return [{k: v[i] for k, v in tiles.items()} for i in idx]
 
@@ -252,18 +260,18 @@ def _split(tiles, idx) -> list[dict]:
 def evaluate(ctx) -> None:
     cfg = ctx.config
     with single_thread():
-        _, held = _data(ctx)
+        train, held = _data(ctx)
         models = Models(ctx)
         n = min(cfg.eval_samples, len(held["label"]))
         idx = np.arange(n)
         reference = _split(held, idx)
-        cond = _cond(held, idx)
+        cond = generation_cond(train, n, ctx.seed)
         gen = torch.Generator().manual_seed(ctx.seed)
         rows = []
         for variant, (dit_name, solver, steps) in {**GENERATORS, "vae_recon": (None, "none", 0)}.items():
             if variant == "vae_recon":
                 ml, ma = _latents(models.vae, {k: v[idx] for k, v in held.items()}, models.half)
-                tiles = models.decode(ml / models.scale_l, ma / models.scale_a, cond)
+                tiles = models.decode(ml / models.scale_l, ma / models.scale_a, _cond(held, idx))  # its own masks
             else:
                 tiles = models.generate(variant, cond, gen)
             if variant in ("meanflow_1", "vae_recon"):  # the report's tile gallery

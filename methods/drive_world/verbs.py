@@ -16,7 +16,7 @@ What = Annotated[str, typer.Option("--what", help="tiles | rollout.")]
 Variant = Annotated[Optional[str], typer.Option(
     "--variant", help="tiles: a generator (meanflow_1, meanflow_3, flow_heun24, flow_euler1, meanflow_1_nogate); "
                       "rollout: a policy (idm, deltasim_discrete, deltasim_no_dkal, deltasim, deltasim_proj).")]
-Count = Annotated[int, typer.Option("--n", help="tiles: how many (counts and labels from held-out tiles).")]
+Count = Annotated[int, typer.Option("--n", help="tiles: how many (counts and labels drawn from the training tiles).")]
 Out = Annotated[Path, typer.Option("--out", help="The .npz file to write.")]
 Png = Annotated[Optional[Path], typer.Option("--png", help="Also draw the tiles / the rollout to this PNG.")]
 StartMode = Annotated[str, typer.Option("--start-mode", help="rollout: warm (pseudo-history) | cold.")]
@@ -77,11 +77,11 @@ def _generate(run, cfg, seed, what, variant, n, out, png, start_mode) -> dict:
 
     ctx = SimpleNamespace(config=cfg, checkpoints=run.checkpoints, seed=seed)
     with single_thread():
-        _, held = pipeline._data(ctx)
+        train, held = pipeline._data(ctx)
         models = pipeline.Models(ctx)
         if what == "tiles":
-            idx = np.arange(n) % len(held["label"])
-            tiles = models.generate(variant, pipeline._cond(held, idx), torch.Generator().manual_seed(seed))
+            cond = pipeline.generation_cond(train, n, seed)
+            tiles = models.generate(variant, cond, torch.Generator().manual_seed(seed))
             arrays = {k: np.stack([t[k] for t in tiles]) for k in tiles[0]}
             np.savez_compressed(out, **arrays)
             if png is not None:
