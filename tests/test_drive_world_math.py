@@ -345,3 +345,25 @@ def test_scenario_dreamer_nuplan_types_resampling_and_default_motion():
     assert tile["label"] == 0 and not tile["fixed_lanes"].any()
     with pytest.raises(Exception, match="missing key"):
         scenario_dreamer.from_scenario_dreamer({k: v for k, v in d.items() if k != "agent_states"}, cfg)
+
+
+def test_a_tile_file_that_names_code_is_refused_and_runs_nothing(tmp_path):
+    """Tiles are pickles (the Scenario-Dreamer format); they are read as arrays only, so a planted file
+    that would call a function when unpickled is one error line, and the function never runs."""
+    import pickle
+    from pathlib import Path
+
+    from icml.cli.errors import IcmlError
+    from icml.methods.drive_world import config, scenario_dreamer
+
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (tmp_path / "tiles").mkdir()
+    (tmp_path / "tiles" / "tile_00000.pkl").write_bytes(pickle.dumps({"road_points": Planted()}))
+    with pytest.raises(IcmlError, match="not a Scenario-Dreamer tile of arrays"):
+        scenario_dreamer.load_dir(tmp_path / "tiles", config.preset("smoke").data)
+    assert not marker.exists()

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from icml.cli.runstore import load_checkpoint
 from icml.cli.threads import single_thread
 
 from . import deltasim, evaluation, meanflow, rollout, toy
@@ -128,7 +129,7 @@ def train(ctx) -> None:
             _fit(ctx, vae, lambda idx, g: _vae_step(vae, train_tiles, idx, half, g), cfg.vae.steps, cfg.vae.lr,
                  "vae", n, cfg.vae.batch_size)
             torch.save(vae.state_dict(), ctx.checkpoints / "vae.pt")
-        vae.load_state_dict(torch.load(ctx.checkpoints / "vae.pt"))
+        vae.load_state_dict(load_checkpoint(ctx.checkpoints / "vae.pt"))
         ml, ma = _latents(vae, train_tiles, half)
         lm, am = torch.as_tensor(train_tiles["lane_mask"]), torch.as_tensor(train_tiles["agent_mask"])
         scale_l, scale_a = ml[lm].std(0).clamp_min(1e-3), ma[am].std(0).clamp_min(1e-3)
@@ -196,18 +197,18 @@ class Models:
         cfg, ck = ctx.config, ctx.checkpoints
         self.cfg, self.half = cfg, cfg.data.tile_m / 2
         self.vae = build_vae(cfg)
-        self.vae.load_state_dict(torch.load(ck / "vae.pt"))
-        scale = torch.load(ck / "latent_scale.pt")
+        self.vae.load_state_dict(load_checkpoint(ck / "vae.pt"))
+        scale = load_checkpoint(ck / "latent_scale.pt")
         self.scale_l, self.scale_a = scale["scale_l"], scale["scale_a"]
         self.dits = {}
         for name, (_, gate) in DITS.items():
             self.dits[name] = build_dit(cfg, gate)
-            self.dits[name].load_state_dict(torch.load(ck / f"dit_{name}.pt"))
-        self.vocab = torch.load(ck / "vocab.pt")
+            self.dits[name].load_state_dict(load_checkpoint(ck / f"dit_{name}.pt"))
+        self.vocab = load_checkpoint(ck / "vocab.pt")
         self.policies = {}
         for name, (residual, _) in SIMS.items():
             self.policies[name] = build_policy(cfg, residual)
-            self.policies[name].load_state_dict(torch.load(ck / f"sim_{name}.pt"))
+            self.policies[name].load_state_dict(load_checkpoint(ck / f"sim_{name}.pt"))
             self.policies[name].eval()
         self.policies["deltasim_proj"] = self.policies["deltasim"]
         for m in [self.vae, *self.dits.values()]:
@@ -294,7 +295,7 @@ def load_toy(ctx) -> dict:
     nets = {}
     for mode in ("meanflow", "flow"):
         nets[mode] = toy.ToyNet(ctx.config.toy.hidden)
-        nets[mode].load_state_dict(torch.load(ctx.checkpoints / f"toy_{mode}.pt"))
+        nets[mode].load_state_dict(load_checkpoint(ctx.checkpoints / f"toy_{mode}.pt"))
         nets[mode].eval()
     return nets
 

@@ -111,6 +111,20 @@ def to_scenario_dreamer(tile: dict) -> dict:
                 agent_motion_raw=tile["motion"][:A].copy(), scene_label=int(tile["label"]))
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """Unpickles plain containers, numbers, strings and numpy arrays, and nothing else: a tile file is data,
+    and a full unpickle would run whatever code the file names."""
+
+    ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
+               ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar"), ("collections", "OrderedDict")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self.ALLOWED or (module.startswith("numpy") and name.endswith("DType")):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is not numpy array data")
+
+
 def load_dir(path: str, cfg) -> dict:
     """Every `*.pkl` under `path` (sorted by name) → stacked tile arrays."""
     files = sorted(Path(path).glob("*.pkl"))
@@ -119,7 +133,12 @@ def load_dir(path: str, cfg) -> dict:
     tiles = []
     for f in files:
         with open(f, "rb") as fh:
-            tiles.append(from_scenario_dreamer(pickle.load(fh), cfg, f.name))
+            try:
+                tile = _ArraysOnly(fh).load()
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+                raise IcmlError(f"tile '{f}' is not a Scenario-Dreamer tile of arrays ({exc})",
+                                "pass tiles written by the Scenario-Dreamer preprocessing (dicts of numpy arrays)") from None
+        tiles.append(from_scenario_dreamer(tile, cfg, f.name))
     return {k: np.stack([t[k] for t in tiles]) for k in tiles[0]}
 
 
