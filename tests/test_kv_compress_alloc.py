@@ -142,3 +142,38 @@ def test_h2o_uses_accumulated_prefill_attention_and_streaming_keeps_sinks_and_re
     assert kept[0][0].tolist() == [0, 4, 6, 7]
     streaming = kv.select("streamingllm", None, np.array([[6]]), 20, 4, 4)
     assert streaming[0][0].tolist() == [0, 1, 2, 3, 14, 15, 16, 17, 18, 19]
+
+
+def test_budget_map_correlations_of_the_spec_pair_and_the_needle_controls():
+    """alloc_corr_* = Pearson r of two tasks' mean entrokv_snapkv budget maps (layer × KV head) at r = 0.3:
+    maps built so that r is +1 (an affine copy), −1 (a mirrored copy) and np.corrcoef's value; other
+    variants and ratios are ignored, a constant map gives NaN."""
+    import pandas as pd
+
+    from icml.methods.kv_compress.pipeline import budget_map_correlations
+
+    base = np.array([3.0, 7.0, 1.0, 9.0, 4.0, 6.0])  # 3 layers × 2 KV heads
+    other = np.array([2.0, 2.0, 8.0, 5.0, 1.0, 3.0])
+    maps = {"kv_retrieval": base, "aggregation": 2 * base + 1, "needle": other}
+    rows = []
+    for task, budgets in maps.items():
+        for example, jitter in ((0, -1.0), (1, 1.0)):  # the map is the mean over examples
+            for cell, budget in enumerate(budgets):
+                rows += [{"variant": "entrokv_snapkv", "ratio": 0.3, "task": task, "example_id": example,
+                          "layer": cell // 2, "kv_head": cell % 2, "budget": budget + jitter},
+                         {"variant": "snapkv", "ratio": 0.3, "task": task, "example_id": example,
+                          "layer": cell // 2, "kv_head": cell % 2, "budget": 5.0 * (cell == 0)},
+                         {"variant": "entrokv_snapkv", "ratio": 0.5, "task": task, "example_id": example,
+                          "layer": cell // 2, "kv_head": cell % 2, "budget": -budget}]
+    found = {metric: (first, second, r) for first, second, metric, r in budget_map_correlations(pd.DataFrame(rows))}
+    assert found["alloc_corr_retrieval_aggregation"] == ("kv_retrieval", "aggregation", pytest.approx(1.0, abs=1e-15))
+    assert found["alloc_corr_retrieval_needle"] == ("kv_retrieval", "needle",
+                                                    pytest.approx(np.corrcoef(base, other)[0, 1], abs=1e-15))
+    assert found["alloc_corr_needle_aggregation"][2] == pytest.approx(np.corrcoef(other, base)[0, 1], abs=1e-15)
+    mirrored = pd.DataFrame(rows)  # every task's rows come in the same order: the needle becomes −retrieval
+    mirrored.loc[mirrored["task"] == "needle", "budget"] = -mirrored.loc[mirrored["task"] == "kv_retrieval",
+                                                                         "budget"].to_numpy()
+    found = {metric: r for _, _, metric, r in budget_map_correlations(mirrored)}
+    assert found["alloc_corr_retrieval_needle"] == pytest.approx(-1.0, abs=1e-15)
+    constant = pd.DataFrame(rows).assign(budget=1.0)
+    assert all(np.isnan(r) for *_, r in budget_map_correlations(constant))

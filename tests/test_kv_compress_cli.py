@@ -20,7 +20,7 @@ TINY = ["--preset", "smoke", "--set", "steps=4", "--set", "val_every=4", "--set"
         "entrokv_streamingllm,entrokv_alpha0,entrokv_alpha1,entrokv_perlayer,entrokv_qagnostic"]
 EVAL_METRICS = {"exact_match", "retention", "answer_nll", "kl_to_full", "kept_entries", "kept_fraction",
                 "memory_bytes", "overhead_ms", "budget_cv", "mean_entropy", "em_diff_ci_low", "em_diff_ci_high",
-                "alloc_corr_retrieval_aggregation"}
+                "alloc_corr_retrieval_aggregation", "alloc_corr_retrieval_needle", "alloc_corr_needle_aggregation"}
 ALLOCATION_COLUMNS = ["run_id", "variant", "task", "ratio", "example_id", "layer", "kv_head", "entropy", "signal",
                       "budget_raw", "budget", "kept"]
 
@@ -49,6 +49,16 @@ def test_every_spec_metric_tag_and_table(tiny_run):
     assert np.allclose(entrokv["signal"], entrokv["entropy"])  # α=1: the raw entropy
     alpha_half = alloc[alloc["variant"] == "entrokv_snapkv"]
     assert np.allclose(alpha_half["signal"], 0.5 * calibration["tiny"]["h_bar"] + 0.5 * alpha_half["entropy"])
+
+
+def test_budget_map_correlations_are_recorded_for_the_spec_pair_and_the_needle_controls(tiny_run):
+    """Every pair is recorded with its tasks; the values are pinned on known maps in test_kv_compress_alloc
+    (this tiny run's maps are constant, so its correlations are NaN)."""
+    frame = pq.read_table(tiny_run / "metrics.parquet").to_pandas()
+    recorded = frame[frame["metric"].str.startswith("alloc_corr_")].set_index("metric")["task"].to_dict()
+    assert recorded == {"alloc_corr_retrieval_aggregation": "kv_retrieval|aggregation",
+                        "alloc_corr_retrieval_needle": "kv_retrieval|needle",
+                        "alloc_corr_needle_aggregation": "needle|aggregation"}
 
 
 def test_report_has_tables_and_plots(tiny_run):

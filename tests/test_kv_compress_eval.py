@@ -11,7 +11,7 @@ import torch
 
 from icml.methods.kv_compress.config import VARIANTS, preset
 from icml.methods.kv_compress.data import build_tokenizer, generate
-from icml.methods.kv_compress.evaluation import evaluate_example, variant_spec
+from icml.methods.kv_compress.evaluation import evaluate_example, token_f1, variant_spec
 from icml.methods.kv_compress.model import tiny_model
 
 
@@ -91,8 +91,24 @@ def test_token_f1_takes_the_best_reference_answer():
     predicted = greedy_answer(model, tokenizer, full, parts, cfg.max_new_tokens)
     specs = [variant_spec("full", cfg)]
     scores = {}
-    for name, answers in (("wrong only", ("zz-nothing",)), ("wrong then right", ("zz-nothing", predicted))):
+    assert predicted.strip(".").strip()  # a non-empty answer, so the normalised reference below is too
+    for name, answers in (("wrong only", ("zz-nothing",)), ("wrong then right", ("zz-nothing", predicted)),
+                          ("wrong then right up to case and a full stop", ("zz-nothing", f"The {predicted.upper()}."))):
         rows, _ = evaluate_example(model, tokenizer, replace(example, answers=answers), cfg, specs, [1.0], 0.3, "cpu")
         assert "exact_match" not in rows[0]
         scores[name] = rows[0]["token_f1"]
-    assert scores == {"wrong only": 0.0, "wrong then right": 1.0}
+    assert scores == {"wrong only": 0.0, "wrong then right": 1.0, "wrong then right up to case and a full stop": 1.0}
+
+
+@pytest.mark.parametrize("predicted, gold, f1", [
+    ("66226.", "66226", 1.0),  # the case: a trailing full stop no longer scores 0
+    ("The Eiffel Tower!", "eiffel  tower", 1.0),  # case, an article, punctuation and spacing removed
+    ("Paris, France", "the city of Paris", 2 * (1 / 2) * (1 / 3) / (1 / 2 + 1 / 3)),  # P 1/2, R 1/3
+    ("x y y", "y y z y", 2 * (2 / 3) * (2 / 4) / (2 / 3 + 2 / 4)),  # multiset overlap: y counts twice
+    ("don't", "dont", 1.0),  # an apostrophe is punctuation: removed inside the word
+    ("an apple", "apple", 1.0),
+    ("the", "a", 0.0),  # both normalise to nothing: LongBench scores 0, not a match
+    ("", "", 0.0),
+])
+def test_token_f1_is_longbench_qa_f1_score(predicted, gold, f1):
+    assert token_f1(predicted, gold) == pytest.approx(f1, abs=1e-15)

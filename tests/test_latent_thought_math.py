@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -254,3 +255,42 @@ def test_baseline_arms_train(ids, name):
     if name == "pause_k1":
         assert model.pause.grad is not None and float(model.pause.grad.abs().sum()) > 0
     assert model.scale == (1.0 if name.endswith("noscale") else math.sqrt(2.5 * TINY.hidden))
+
+
+def sentencepiece_style_tokenizer():
+    """A Llama-style tokenizer: '▁' marks a leading space (stripped at the start of a decode), and byte
+    fallback tokens <0xXX> spell characters outside the vocabulary one UTF-8 byte at a time."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}
+    for piece in ("▁the", "▁cat", "▁sat", "▁ok"):
+        vocab[piece] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    core.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                      decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>"), vocab
+
+
+def test_nats_per_byte_counts_the_bytes_of_the_decoded_sequence():
+    """'the cat sat€ ok' with € = E2 82 AC in three byte-fallback tokens, windows of T = 3: the targets are
+    tokens 1…6, the text ' cat sat€ ok' of 14 bytes. Decoding each token alone gives 'cat', 'sat', three
+    U+FFFD (3 bytes each) and 'ok': 17 bytes, the leading spaces lost and the euro sign counted 9 bytes."""
+    from icml.methods.latent_thought.data import target_bytes, val_windows
+    from icml.methods.latent_thought.pipeline import nats_per_byte
+
+    tokenizer, vocab = sentencepiece_style_tokenizer()
+    ids = np.array([vocab["▁the"], vocab["▁cat"], vocab["▁sat"], 1 + 0xE2, 1 + 0x82, 1 + 0xAC, vocab["▁ok"]])
+    assert tokenizer.decode(ids.tolist()) == "the cat sat€ ok"
+    windows = val_windows(ids, 3, 10)
+    assert windows.tolist() == [ids[0:4].tolist(), ids[3:7].tolist()]
+    assert target_bytes(windows, tokenizer) == len(" cat sat€ ok".encode("utf-8")) == 14
+    assert sum(len(tokenizer.decode([int(i)]).encode("utf-8")) for i in ids[1:]) == 17  # the old count
+    assert target_bytes(windows) == 6  # byte tokens: one byte per target
+    # a uniform model: log V nats per target token, over the bytes of the decoded text
+    V = len(tokenizer)
+    uniform = lambda x, J: torch.zeros(*x.shape, V, dtype=torch.float64)  # noqa: E731
+    value = nats_per_byte(uniform, torch.from_numpy(windows), 0, tokenizer)
+    assert value == pytest.approx(6 * math.log(V) / 14, rel=1e-14)
+    with pytest.raises(ValueError, match="consecutive windows"):
+        target_bytes(windows[::-1], tokenizer)

@@ -24,7 +24,8 @@ ARMS = ["--set", "arms=adamw,sgd,sgd_momentum,sgd_bf16_master,sft_sgd", "--set",
 REWARD = ["--set", "reward=test_rl_sgd_cli:first_digit_is_odd"]
 
 EVAL_METRICS = {"accuracy", "best_accuracy", "update_density_bf16", "update_density_bf16_matrices",
-                "update_density_tol", "update_density_fp32", "effective_rank_99", "optimizer_state_bytes",
+                "update_density_tol", "update_density_fp32", "effective_rank_99", "effective_rank_99_bf16",
+                "optimizer_state_bytes",
                 "wall_time_s", "gap_adamw_minus_sgd"}
 
 
@@ -99,7 +100,8 @@ def test_param_updates_table_agrees_with_the_run_densities(tiny):
     _, run = tiny
     updates = pq.read_table(run / "param_updates.parquet").to_pandas()
     assert {"run_id", "variant", "lr", "regime", "param_name", "shape", "numel", "density_bf16", "density_tol",
-            "density_fp32", "effective_rank_99", "max_rank", "delta_fro"} <= set(updates.columns)
+            "density_fp32", "effective_rank_99", "effective_rank_99_bf16", "max_rank",
+            "delta_fro"} <= set(updates.columns)
     evaluated = _frame(run)
     evaluated = evaluated[evaluated["phase"] == "eval"]
     for (variant, lr), group in updates.groupby(["variant", "lr"]):

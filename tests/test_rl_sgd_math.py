@@ -76,6 +76,35 @@ def test_effective_rank_closed_form_and_zero():
     assert effective_rank(torch.zeros(5, 3)) == 0
 
 
+def test_effective_rank_defaults_to_the_fp32_delta_and_reports_the_bf16_one_beside_it():
+    # a rank-1 ΔW of 1e-3-sized steps on O(1) weights: bf16 rounds it entry by entry (ULP 2^-7 on [1, 2)),
+    # so the snapshots' ΔW is a full-rank rounding pattern while the masters' ΔW is exactly rank 1
+    generator = torch.Generator().manual_seed(0)
+    start = 1 + torch.rand(32, 24, generator=generator)
+    u, v = torch.randn(32, 1, generator=generator), torch.randn(1, 24, generator=generator)
+    end = start + 1e-3 * u @ v
+    (record,) = tensor_updates({"w": start}, {"w": end}, tol=0.0)
+    assert record["effective_rank_99"] == record["effective_rank_99_fp32"] == 1
+    assert record["effective_rank_99_bf16"] > 10
+    summary = summarise([record])
+    assert summary["effective_rank_99"] == pytest.approx(1 / 24, abs=0)
+    assert summary["effective_rank_99_bf16"] == pytest.approx(record["effective_rank_99_bf16"] / 24, abs=0)
+    (bf16_lens,) = tensor_updates({"w": start}, {"w": end}, tol=0.0, rank_source="bf16")
+    assert bf16_lens["effective_rank_99"] == record["effective_rank_99_bf16"]
+
+
+def test_a_bf16_master_run_is_measured_from_bf16_theta0():
+    # the run held bf16(θ₀) and changed one row: its master ΔW is rank 1; against the fp32 θ₀ the cast's
+    # rounding of every entry would make it full rank, and it alone makes the fp32 density ≈ 1
+    start = 1 + torch.rand(16, 12, generator=torch.Generator().manual_seed(1))
+    end = start.to(torch.bfloat16)
+    end[3] += 0.5
+    (record,) = tensor_updates({"w": start}, {"w": end}, tol=0.0, rank_source="fp32")
+    assert record["effective_rank_99"] == record["effective_rank_99_bf16"] == 1
+    assert record["changed_bf16"] == 12
+    assert record["changed_fp32"] == int((start.to(torch.bfloat16).float() != start).sum()) > 0.95 * 16 * 12
+
+
 # advantages and the surrogate -----------------------------------------------------------------
 def test_group_advantages_population_std_with_epsilon():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)

@@ -3,7 +3,10 @@ full-cache answer logits computed once, then per (variant, ratio) compress → r
 decode the prompt's last tokens and the teacher-forced answer through it."""
 from __future__ import annotations
 
+import re
+import string
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +16,9 @@ from icml.cli.errors import UsageError
 from icml.methods.kv_compress import compress as kv
 from icml.methods.kv_compress.data import Example
 from icml.methods.kv_compress.model import Prefill, RaggedCache, extend, prefill, sliding_window
+
+
+PUNCTUATION = frozenset(string.punctuation)
 
 
 @dataclass(frozen=True)
@@ -182,11 +188,20 @@ def score_cache(model, cache: RaggedCache, parts: Split, full_first: torch.Tenso
     return Outcome(correct, nll, kl, answer[0])
 
 
+def normalize_answer(text: str) -> str:
+    """LongBench's (SQuAD's) answer normalisation: lower-case, drop ASCII punctuation, drop the
+    articles a / an / the, collapse whitespace — so "66226." and "The 66226" both become "66226"."""
+    text = "".join(ch for ch in text.lower() if ch not in PUNCTUATION)
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
 def token_f1(predicted: str, gold: str) -> float:
-    p, g = predicted.split(), gold.split()
-    common = sum(min(p.count(t), g.count(t)) for t in set(p))
-    if not p or not g or common == 0:
-        return float(p == g)
+    """LongBench's qa_f1_score: F1 of the multiset overlap of the normalised tokens; 0 without overlap
+    (an empty prediction or reference included, as LongBench scores it)."""
+    p, g = normalize_answer(predicted).split(), normalize_answer(gold).split()
+    common = sum((Counter(p) & Counter(g)).values())
+    if common == 0:
+        return 0.0
     precision, recall = common / len(p), common / len(g)
     return 2 * precision * recall / (precision + recall)
 

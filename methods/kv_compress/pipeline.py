@@ -28,6 +28,11 @@ from icml.methods.kv_compress.model import load_checkpoint, prefill, tiny_model
 TRAINED = "tiny"  # calibration key of the run's own trained model
 BOOTSTRAP_PAIR = ("entrokv_snapkv", "snapkv")
 CORR_RATIO = 0.3
+# (task, task, metric) of the budget-map correlations: the spec's pair shares one context format (`k v ;`
+# pairs, only the question differs); the needle's context (filler and one `magic v ;`) is the control
+CORR_PAIRS = (("kv_retrieval", "aggregation", "alloc_corr_retrieval_aggregation"),
+              ("kv_retrieval", "needle", "alloc_corr_retrieval_needle"),
+              ("needle", "aggregation", "alloc_corr_needle_aggregation"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,14 +226,23 @@ def summary_rows(per_example: pd.DataFrame, allocations: pd.DataFrame, cfg, seed
             base = tags(BOOTSTRAP_PAIR[0], task, ratio)
             rows += [{**base, "metric": f"{diff}_ci_low", "value": low},
                      {**base, "metric": f"{diff}_ci_high", "value": high}]
-    picked = allocations[(allocations["variant"] == "entrokv_snapkv") & np.isclose(allocations["ratio"], CORR_RATIO)]
-    if {"kv_retrieval", "aggregation"} <= set(picked["task"]):
-        maps = picked.groupby(["task", "layer", "kv_head"])["budget"].mean()
-        a, b = maps["kv_retrieval"].to_numpy(float), maps["aggregation"].to_numpy(float)
-        corr = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else np.nan
-        rows.append({**tags("entrokv_snapkv", "kv_retrieval|aggregation", CORR_RATIO),
-                     "metric": "alloc_corr_retrieval_aggregation", "value": corr})
+    for first, second, metric, corr in budget_map_correlations(allocations):
+        rows.append({**tags("entrokv_snapkv", f"{first}|{second}", CORR_RATIO), "metric": metric, "value": corr})
     return rows
+
+
+def budget_map_correlations(allocations) -> list[tuple[str, str, str, float]]:
+    """(task, task, metric, Pearson r) of the two tasks' mean entrokv_snapkv budget maps (layer × KV head)
+    at r = CORR_RATIO, for each pair of CORR_PAIRS both evaluated; NaN where a map is constant."""
+    picked = allocations[(allocations["variant"] == "entrokv_snapkv") & np.isclose(allocations["ratio"], CORR_RATIO)]
+    maps = picked.groupby(["task", "layer", "kv_head"])["budget"].mean()
+    out = []
+    for first, second, metric in CORR_PAIRS:
+        if {first, second} <= set(picked["task"]):
+            a, b = maps[first].to_numpy(float), maps[second].to_numpy(float)
+            corr = float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else np.nan
+            out.append((first, second, metric, corr))
+    return out
 
 
 def evaluate(ctx: RunContext) -> None:

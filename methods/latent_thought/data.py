@@ -23,7 +23,7 @@ class Corpus:
     train: np.ndarray  # token ids (int64)
     val: np.ndarray
     info: dict  # what run.json records (python version, file counts, hashes)
-    token_bytes: np.ndarray | None = None  # UTF-8 bytes of each token id (tokenizer corpora); None = 1 byte each
+    tokenizer: object | None = None  # the checkpoint's tokenizer (--model); None: byte tokens, 1 byte each
 
 
 def stdlib_files(root: Path | None = None) -> list[str]:
@@ -83,13 +83,28 @@ def load_corpus(data: str | None, tokenizer=None) -> Corpus:
     if tokenizer is None:
         as_bytes = lambda s: s if isinstance(s, bytes) else s.encode("utf-8")  # noqa: E731
         ids = [np.frombuffer(as_bytes(s), dtype=np.uint8).astype(np.int64) for s in (train, val)]
-        token_bytes = None
     else:
         ids = [np.asarray(tokenizer(s, add_special_tokens=False)["input_ids"], dtype=np.int64) for s in (train, val)]
-        token_bytes = np.array([len(tokenizer.decode([i]).encode("utf-8")) for i in range(len(tokenizer))],
-                               dtype=np.int64)
     info.update(train_tokens=int(ids[0].size), val_tokens=int(ids[1].size))
-    return Corpus(ids[0], ids[1], info, token_bytes)
+    return Corpus(ids[0], ids[1], info, tokenizer)
+
+
+def target_bytes(windows: np.ndarray, tokenizer=None) -> int:
+    """UTF-8 bytes of the text that the targets (tokens 1…T) of consecutive `val_windows` spell.
+
+    Byte tokens: one byte each. With a tokenizer: the decoded text of the whole token sequence (the
+    windows share their boundary tokens) minus that of its first, context-only token. Decoding each
+    token alone would drop SentencePiece's leading space ('▁x' decodes to 'x' at a sequence start) and
+    count each piece of a multi-byte character split across byte-fallback tokens as a 3-byte U+FFFD."""
+    windows = np.asarray(windows)
+    if tokenizer is None:
+        return int(windows[:, 1:].size)
+    if (windows[1:, 0] != windows[:-1, -1]).any():
+        raise ValueError("target_bytes needs consecutive windows (val_windows), each starting at the last token "
+                         "of the previous one")
+    sequence = np.concatenate([windows[0], windows[1:, 1:].ravel()]).tolist()
+    decoded = lambda ids: tokenizer.decode(ids, clean_up_tokenization_spaces=False).encode("utf-8")  # noqa: E731
+    return len(decoded(sequence)) - len(decoded(sequence[:1]))
 
 
 def check_sizes(corpus: Corpus, seq_len: int, n_val: int) -> None:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from icml.cli import distributed
 from icml.cli.errors import UsageError
 from icml.cli.threads import intra_op_threads
-from icml.methods.latent_thought.data import check_sizes, load_corpus, train_windows, val_windows
+from icml.methods.latent_thought.data import check_sizes, load_corpus, target_bytes, train_windows, val_windows
 from icml.methods.latent_thought.model import (ArmSpec, ThoughtLM, arm_spec, build_arm, flops_per_token, load_arm,
                                                save_arm)
 
@@ -47,12 +47,6 @@ def corpus_for(cfg):
     return corpus
 
 
-def target_bytes(targets: torch.Tensor, token_bytes) -> float:
-    if token_bytes is None:
-        return float(targets.numel())
-    return float(torch.as_tensor(token_bytes)[targets].sum())
-
-
 def lr_at(step: int, cfg) -> float:
     """Linear warmup over warmup_frac of the steps, then cosine from lr to min_lr_frac·lr."""
     warmup = max(1, int(round(cfg.warmup_frac * cfg.steps)))
@@ -71,13 +65,12 @@ def optimizer_for(model: torch.nn.Module, cfg) -> torch.optim.AdamW:
 
 
 @torch.no_grad()
-def nats_per_byte(model: ThoughtLM, windows: torch.Tensor, J: int, token_bytes=None) -> float:
-    ce, n = 0.0, 0.0
+def nats_per_byte(model: ThoughtLM, windows: torch.Tensor, J: int, tokenizer=None) -> float:
+    ce = 0.0
     for chunk in windows.split(EVAL_CHUNK):
         logits = model(chunk[:, :-1], J)
         ce += float(F.cross_entropy(logits.flatten(0, 1).double(), chunk[:, 1:].flatten(), reduction="sum"))
-        n += target_bytes(chunk[:, 1:], token_bytes)
-    return ce / n
+    return ce / target_bytes(windows.cpu().numpy(), tokenizer)
 
 
 def tags(spec: ArmSpec, cfg, J=None, solve=None, iteration=None) -> dict:
@@ -137,7 +130,7 @@ def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) ->
                              **tags(spec, cfg, J if solve == "jacobi" else None, solve)})
             if done % cfg.val_every == 0 or done == cfg.steps:
                 model.eval()
-                value = nats_per_byte(model, curve_windows, eval_J, corpus.token_bytes)
+                value = nats_per_byte(model, curve_windows, eval_J, corpus.tokenizer)
                 model.train()
                 rows.append({"variant": name, "metric": "val_nats_per_byte", "value": value, "step": done,
                              **tags(spec, cfg, eval_J if solve == "jacobi" else None, solve)})
@@ -167,7 +160,7 @@ def evaluate(ctx) -> None:
                                  f"finish training: icml latent-thought train --resume {ctx.run.path}")
             started = time.perf_counter()
             model = load_arm(directory, ctx.device)
-            rows = evaluate_arm(model, cfg, windows, corpus.token_bytes, diffs)
+            rows = evaluate_arm(model, cfg, windows, corpus.tokenizer, diffs)
             rows += throughput(model, cfg, corpus)
             rows.append({"metric": "wall_s", **tags(model.spec, cfg), "value": time.perf_counter() - started})
             ctx.record([{"variant": name, "step": cfg.steps, **row} for row in rows], split="val")
@@ -175,7 +168,7 @@ def evaluate(ctx) -> None:
         ctx.write_table("logit_diff", pd.DataFrame(diffs, columns=["variant", "J", "position", "max_abs_diff"]))
 
 
-def evaluate_arm(model: ThoughtLM, cfg, windows: torch.Tensor, token_bytes, diffs: list) -> list[dict]:
+def evaluate_arm(model: ThoughtLM, cfg, windows: torch.Tensor, tokenizer, diffs: list) -> list[dict]:
     spec, K = model.spec, model.K
     rows = [{"metric": m, "value": v, **tags(spec, cfg)}
             for m, v in flops_per_token(model, cfg.seq_len, cfg.train_J).items()]
@@ -186,11 +179,11 @@ def evaluate_arm(model: ThoughtLM, cfg, windows: torch.Tensor, token_bytes, diff
 
     with torch.no_grad():
         if spec.kind != "ponderlm2":
-            nats(rows, nats_per_byte(model, windows, 0, token_bytes), None, "exact")
+            nats(rows, nats_per_byte(model, windows, 0, tokenizer), None, "exact")
         else:
             J_max = max([*cfg.eval_Js, cfg.eval_J])
             ce = np.zeros(J_max + 1)
-            ce_exact, n_bytes = 0.0, 0.0
+            ce_exact, n_bytes = 0.0, target_bytes(windows.cpu().numpy(), tokenizer)
             step_sq = np.zeros(J_max + 1)  # Σ‖z⁽ʲ⁾ − z⁽ʲ⁻¹⁾‖², Σ‖z⁽ʲ⁻¹⁾‖²
             prev_sq = np.zeros(J_max + 1)
             err_sq, star_sq = np.zeros(J_max + 1), 0.0
@@ -201,7 +194,6 @@ def evaluate_arm(model: ThoughtLM, cfg, windows: torch.Tensor, token_bytes, diff
                 for j, logits in enumerate(solve.logits):
                     ce[j] += float(F.cross_entropy(logits.flatten(0, 1).double(), targets, reduction="sum"))
                 ce_exact += float(F.cross_entropy(exact_logits.flatten(0, 1).double(), targets, reduction="sum"))
-                n_bytes += target_bytes(chunk[:, 1:], token_bytes)
                 z = [t.double() for t in solve.thoughts]
                 z_star = z_star.double()
                 star_sq += float(z_star.square().sum())

@@ -77,7 +77,9 @@ class RlSgdConfig:
     digits: int = 3  # operand digits of the RL prompts, held-out and band-check problems (spec: 3)
     eval_problems: int = 500  # held-out 3-digit problems for accuracy (disjoint seed stream)
     density_tol: float = 1e-5
-    rank_source: str = "bf16"  # ΔW for the effective rank: bf16 snapshots (in fp32) or fp32 masters
+    # ΔW of effective_rank_99: fp32 masters, or bf16 snapshots (reported beside it as effective_rank_99_bf16;
+    # at 0.8M parameters the snapshots' ΔW is dominated by bf16 rounding, README 2026-12-07)
+    rank_source: str = "fp32"
     rank_energy: float = 0.99
     log_every: int = 1  # train curves every N steps
     warm_start: str = "auto"  # auto: SFT for the tiny model, none for --model; sft | none

@@ -227,7 +227,8 @@ def evaluate(ctx: RunContext) -> None:
             results.append({**tags, **metrics})
             tables += [{"run_id": ctx.run.run_id, "variant": arm, "lr": float(lr), "regime": tags["regime"],
                         **{k: r[k] for k in ("param_name", "shape", "numel", "density_bf16", "density_tol",
-                                             "density_fp32", "effective_rank_99", "max_rank", "delta_fro")}}
+                                             "density_fp32", "effective_rank_99", "effective_rank_99_bf16", "max_rank",
+                                             "delta_fro")}}
                        for r in records]
             advance(1)
     model.load_state_dict(start, strict=False)
@@ -239,7 +240,8 @@ def evaluate(ctx: RunContext) -> None:
             tags = {k: result[k] for k in ("variant", "optimizer", "lr", "regime", "master_dtype", "group_size")}
             rows += [{**tags, "selected": selected, "metric": m, "value": float(result[m]), "split": "test"}
                      for m in ("accuracy", "update_density_bf16", "update_density_bf16_matrices", "update_density_tol",
-                               "update_density_fp32", "effective_rank_99", "optimizer_state_bytes", "wall_time_s")]
+                               "update_density_fp32", "effective_rank_99", "effective_rank_99_bf16", "optimizer_state_bytes",
+                               "wall_time_s")]
             if selected == "true":
                 rows.append({**tags, "selected": "true", "metric": "best_accuracy", "value": float(result["accuracy"]),
                              "split": "test"})

@@ -52,16 +52,20 @@ def _accuracy_table(frame: pd.DataFrame, best: pd.DataFrame) -> Table:
     return Table("Accuracy per arm at its best LR", table, {"best_accuracy": "higher", "wall_time_s": "lower"}, note)
 
 
-def _sparsity_table(best: pd.DataFrame) -> Table:
-    columns = ["variant", "master_dtype", *[c for c in DENSITIES if c in best], "effective_rank_99"]
+def _sparsity_table(best: pd.DataFrame, config) -> Table:
+    columns = ["variant", "master_dtype", *[c for c in DENSITIES if c in best], "effective_rank_99",
+               "effective_rank_99_bf16"]
     table = best[[c for c in columns if c in best]].copy()
     sgd = best.loc[best["variant"] == "sgd", "update_density_bf16"]
     if not sgd.empty and sgd.iloc[0] > 0:
         table["bf16 density ÷ sgd's"] = best["update_density_bf16"] / sgd.iloc[0]
     return Table("Update sparsity and effective rank (best-LR runs)", table,
                  note="densities: fraction of entries changed — bf16: bf16(θ_T) ≠ bf16(θ₀); tol: |Δ| > tolerance "
-                      "on the bf16 snapshots; fp32: any change of the masters (the wrong lens); effective_rank_99: "
-                      "mean over 2-D weights of r₉₉(ΔW)/min(m, n)")
+                      "on the bf16 snapshots; fp32: any change of the masters against the fp32 θ₀ (the wrong lens; "
+                      "for a bf16-master run the initial cast of θ₀ alone makes it ≈ 1); effective_rank_99: mean over "
+                      f"2-D weights of r₉₉(ΔW)/min(m, n), ΔW of the {config.rank_source} "
+                      f"{'masters' if config.rank_source == 'fp32' else 'snapshots'} (a bf16-master run's from "
+                      "bf16(θ₀)); effective_rank_99_bf16: ΔW of the bf16 snapshots")
 
 
 def _memory_table(best: pd.DataFrame, n_params: float) -> Table:
@@ -102,7 +106,7 @@ def tables(frame: pd.DataFrame, config, run=None) -> list[Table]:
         return [Table("Held-out accuracy after training (run eval for the full tables)",
                       _ordered(train[["variant", "lr", "value"]].rename(columns={"value": "accuracy"})),
                       {"accuracy": "higher"})]
-    return [_accuracy_table(frame, best), _sparsity_table(best), _memory_table(best, _n_params(run)),
+    return [_accuracy_table(frame, best), _sparsity_table(best, config), _memory_table(best, _n_params(run)),
             _gap_table(frame, best), _grid_table(frame)]
 
 

@@ -23,8 +23,10 @@ from icml.methods.robust_sysid.config import ESTIMATORS, EXPERIMENTS
 from icml.methods.robust_sysid.system import (Problem, System, TrajectoryFormatError, build_problem, draw_system,
                                               draw_trajectory, load_user_trajectory, user_problem)
 
-def make_system(cfg) -> System:
-    return draw_system(cfg.system.n, cfg.system.rho_spectrum, cfg.system.seed)
+def make_system(cfg, run_seed: int) -> System:
+    """The system of a run: drawn from (system.seed, run seed), so `--seeds` runs differ in the system too;
+    numpy's seed sequence ignores a trailing 0, so run seed 0 draws the system of `system.seed` alone."""
+    return draw_system(cfg.system.n, cfg.system.rho_spectrum, [cfg.system.seed, run_seed])
 
 
 def estimators(cfg, log=None) -> list[str]:
@@ -43,7 +45,7 @@ def fit_batch(problems: list[Problem], variants: list[str], irls_cfg) -> dict[st
     Θ̂_LS is always fitted (the IRLS start and the objective_gap_ls reference)."""
     Phi = np.stack([p.Phi for p in problems])
     Y = np.stack([p.Y for p in problems])
-    irls = {"iters": irls_cfg.iters, "tol": irls_cfg.tol, "eta": irls_cfg.eta}
+    irls = {"iters": irls_cfg.iters, "grad_tol": irls_cfg.grad_tol, "eta": irls_cfg.eta}
     out = {}
     start = time.perf_counter()
     ls = est.least_squares(Phi, Y)
@@ -88,11 +90,13 @@ def metric_rows(problems: list[Problem], fits: dict[str, dict], variants: list[s
         Theta = fit["Theta"]
         obj = est.objective(Phi, Y, Theta)
         grad = est.subgrad_norm(Phi, Y, Theta, eta)
+        optimality = est.optimality_residual(Phi, Y, Theta, eta) / est.phi_rms(Phi)
         pred = est.objective(Phi_test, Y_test, Theta)
         for i in range(len(problems)):
             add(i, variant, "objective", obj[i])
             add(i, variant, "objective_gap_ls", obj[i] - obj_ls[i])
             add(i, variant, "subgrad_norm", grad[i])
+            add(i, variant, "optimality_residual_rel", optimality[i])
             add(i, variant, "pred_error", pred[i])
             add(i, variant, "fit_seconds", fit["seconds"] / len(problems))  # amortised over the batch
             if "iters" in fit:
@@ -138,7 +142,7 @@ def run_experiment(cfg, run_seed: int, experiment: str, seed: int) -> list[dict]
     from threadpoolctl import threadpool_limits
 
     grid = experiment_grid(cfg, experiment)
-    system = make_system(cfg)
+    system = make_system(cfg, run_seed)
     if grid["rho"] is not None:
         system = system.rescaled(grid["rho"])
     rng = np.random.default_rng([run_seed, seed, EXPERIMENTS.index(experiment)])
@@ -208,7 +212,7 @@ def train(ctx: RunContext) -> None:
     from threadpoolctl import threadpool_limits
 
     cfg = ctx.config
-    system = make_system(cfg)
+    system = make_system(cfg, ctx.seed)
     np.savez(ctx.checkpoints / "system.npz", A=system.A, B=system.B, C=system.C, rho=system.rho)
     variants = estimators(cfg, ctx.log)
     rng = np.random.default_rng([ctx.seed, 0, len(EXPERIMENTS)])  # a stream of its own, apart from eval's

@@ -54,8 +54,9 @@ class System:
         return System(self.A * (rho / self.rho), self.B, self.C)
 
 
-def draw_system(n: int, spectrum: list[float], seed: int, inputs: int = 1) -> System:
-    """A = Q diag(spectrum) Qᵀ with Q Haar-orthogonal; B, C with i.i.d. N(0, 1) entries."""
+def draw_system(n: int, spectrum: list[float], seed: int | list[int], inputs: int = 1) -> System:
+    """A = Q diag(spectrum) Qᵀ with Q Haar-orthogonal; B, C with i.i.d. N(0, 1) entries (seed: numpy's
+    default_rng entropy, an int or a list of ints)."""
     rng = np.random.default_rng(seed)
     q, r = np.linalg.qr(rng.standard_normal((n, n)))
     q = q * np.sign(np.diag(r))  # the sign fix makes Q Haar-distributed
