@@ -20,7 +20,8 @@ TINY = ["--preset", "smoke", "--set", "gpt.n_embd=16", "--set", "gpt.n_layer=1",
 EVAL_METRICS = {"val_loss", "cr", "core_cr", "retain_cr", "forget_cr", "elicited_cr", "elicited_loss",
                 "elicit_gain_cr", "titration_cr", "wall_s"}
 TRAIN_METRICS = {"val_loss", "train_loss", "wall_s", "routing_freq", "train_flops_ratio", "serve_params_ratio",
-                 "compute_lambda", "fit_alpha", "fit_a", "fit_s0", "fit_rmse"}
+                 "compute_lambda", "fit_alpha", "fit_a", "fit_s0", "fit_rmse", "maxent_lambda"}
+SWEEP = [0.0, 1.0, 30.0]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,59 @@ def test_every_variant_and_metric_is_recorded(tiny_run):
     curve = elicit[(elicit["variant"] == row["variant"]) & (elicit["profile"] == row["profile"])
                    & (elicit["dataset"] == row["dataset"]) & (elicit["round"] >= 1)]
     assert row["value"] == curve["loss"].min()  # the minimum over lrs and rounds, not the last
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory):
+    return train_eval_report("gradient-route", tmp_path_factory.mktemp("runs"),
+                             TINY + ["--set", "variants=baseline,filter,maxent", "--set", "profiles=core,core+a0",
+                                     "--set", f"maxent.lambda={','.join(map(str, SWEEP))}"])
+
+
+def test_maxent_lambda_sweep_keeps_the_lambda_closest_to_the_filtered_model(sweep_run):
+    from icml.cli.lifecycle import config_from_run
+    from icml.cli.runstore import Run
+    from icml.methods.gradient_route import METHOD
+    from icml.methods.gradient_route import training as T
+    from icml.methods.gradient_route.pipeline import (checkpoint_path, corpus_for, filter_distance, load_model,
+                                                      read_fits, select_crs)
+
+    cfg, _, seed = config_from_run(METHOD, Run(sweep_run))
+    corpus = corpus_for(cfg, seed)
+    folder = sweep_run / "checkpoints"
+    frame = pq.read_table(sweep_run / "metrics.parquet").to_pandas()
+    train = frame[frame["phase"] == "train"]
+    fits = read_fits(Run(sweep_run))  # the end-of-train fits: the sweep must have used the same ones
+    for profile, keep in (("core", []), ("core+a0", ["a0"])):
+        rows = train[train["profile"] == profile]
+        reference = select_crs(load_model(checkpoint_path(folder, "filter", profile, seed), cfg, corpus), corpus, fits)
+        recorded_reference = rows[(rows["variant"] == "filter") & (rows["metric"] == "maxent_select_cr")]
+        assert dict(zip(recorded_reference["dataset"], recorded_reference["value"])) == pytest.approx(reference, abs=1e-12)
+        scores = rows[rows["metric"] == "maxent_select_score"].set_index("weight")["value"]
+        assert sorted(scores.index) == SWEEP
+        for lam in SWEEP:  # each score is the rule applied to that λ's recorded held-apart CRs
+            crs = rows[(rows["metric"] == "maxent_select_cr") & (rows["weight"] == lam)]
+            crs = dict(zip(crs["dataset"], crs["value"]))
+            assert set(crs) == {"core", "a0", "a1", "a2", "a3"}
+            assert scores[lam] == pytest.approx(filter_distance(crs, reference, keep, corpus.aux), abs=1e-12)
+        (chosen,) = rows.loc[rows["metric"] == "maxent_lambda", "value"]
+        assert chosen == scores.idxmin()
+        # the deployed MaxEnt is that λ's model: the baseline unlearned again at the chosen λ
+        model = load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus)
+        base = T.baseline_counts(cfg, corpus)
+        forget = torch.cat([corpus.train(d, base[d]) for d in corpus.aux if d not in keep])
+        T.maxent_unlearn(model, forget, corpus.train("core", base["core"]),
+                         corpus.train("a0", base["a0"]) if keep else None, cfg, corpus.pad_id, seed, chosen)
+        saved = load_model(checkpoint_path(folder, "maxent", profile, seed), cfg, corpus).state_dict()
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(saved[key], value, rtol=0, atol=0)
+    # every λ's MaxEnt was trained, so the sweep's cost is len(SWEEP) unlearning runs per profile
+    costs = train[train["metric"] == "train_flops_ratio"].set_index("variant")["value"]
+    baseline = next(info for v, _, _, info in json.loads((folder / "train_info.json").read_text()) if v == "baseline")
+    tokens = len(SWEEP) * 2 * cfg.maxent.steps * cfg.maxent.batch * (corpus.length - 1)  # forget + retain, per λ
+    assert costs["maxent"] == pytest.approx(1 + 2 * tokens * baseline["dense_params"] / baseline["flops"], rel=1e-12)
+    html = (sweep_run.parent.parent / "r.html").read_text()
+    assert "MaxEnt λ sweep on held-apart windows" in html
 
 
 def test_ft_lora_is_the_core_only_base_plus_one_low_rank_update_per_retained_domain(tiny_run):
@@ -154,6 +208,8 @@ def test_user_folder_and_local_gpt2(icml, tmp_path):
     (["--set", "lora_rank=0"], "lora_rank must be positive"),
     (["--set", "elicit.extra_lr_divisors=64,0"], "elicit.extra_lr_divisors and clip must be positive"),
     (["--set", "steps=10", "--set", "cr.eval_every=8"], "at least 2 baseline evaluations"),
+    (["--set", "maxent.lambda=1,-1"], "maxent.lambda must be one or more weights >= 0"),
+    (["--set", "maxent.lambda=1,3", "--set", "variants=baseline,maxent"], "add filter to variants"),
 ])
 def test_bad_config_is_one_line(icml, argv, message):
     result = icml("gradient-route", "train", "--preset", "smoke", *argv)

@@ -55,6 +55,18 @@ def test_corpus_windows_are_prefix_stable_and_balanced():
     assert set(corpus.val_heldout) == {"a0", "a1", "a2", "a3"}
 
 
+def test_select_windows_are_held_apart_from_every_other_split():
+    corpus = SyntheticCorpus(0, 31, 16, 4)
+    assert set(corpus.select) == set(corpus.val) == {"core", "a0", "a1", "a2", "a3"}
+    assert all(corpus.select[d].shape == corpus.val[d].shape for d in corpus.val)
+    assert torch.equal(corpus.select["a1"], corpus.windows("select", "a1", 16))  # its own seeded stream
+    text = {split: {corpus.tokenizer.decode(w.tolist()) for w in windows}
+            for split, windows in (("select", corpus.select["a1"]), ("val", corpus.val["a1"]),
+                                   ("val_heldout", corpus.val_heldout["a1"]), ("attack", corpus.attack["a1"]),
+                                   ("train", corpus.train("a1", 64)))}
+    assert all(not text["select"] & text[split] for split in text if split != "select")
+
+
 def _folder(tmp_path):
     root = tmp_path / "domains"
     for name in ("core", "bio", "chem"):

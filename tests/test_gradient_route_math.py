@@ -249,6 +249,35 @@ def test_maxent_kl_to_uniform_matches_torch():
     torch.testing.assert_close(ours, reference, rtol=0, atol=32 * F64)
 
 
+def test_maxent_loss_is_kl_to_uniform_at_lambda_zero_and_affine_in_lambda():
+    model = build_model(tiny_cfg(), 57, 32, [], 8, seed=1).double()
+    x_f, x_r = tokens(seed=1), tokens(seed=2)
+    with torch.no_grad():
+        at_zero = T.maxent_loss(model, x_f, x_r, 0.0, 0)
+        log_p = torch.log_softmax(forward(model, x_f[:, :-1]), -1)
+        uniform = torch.full_like(log_p, -np.log(57))
+        kl = torch.nn.functional.kl_div(uniform, log_p, log_target=True, reduction="none").sum(-1).mean()
+        retain = lm_loss(forward(model, x_r[:, :-1]), x_r[:, 1:], 0)
+        # λ = 0: the forget term alone; any λ: that plus λ × the retain cross-entropy
+        torch.testing.assert_close(at_zero, kl, rtol=0, atol=64 * F64)
+        for lam in (0.5, 15.0):
+            torch.testing.assert_close(T.maxent_loss(model, x_f, x_r, lam, 0), kl + lam * retain, rtol=0,
+                                       atol=64 * F64 * (1 + lam))
+
+
+def test_filter_distance_is_the_mean_over_roles_of_mean_squared_cr_gaps():
+    from icml.methods.gradient_route.pipeline import filter_distance
+
+    reference = {"core": 1.0, "a0": 0.9, "a1": 0.6, "a2": 0.5, "a3": 0.7}
+    crs = {"core": 0.8, "a0": 1.2, "a1": 0.7, "a2": 0.9, "a3": 0.7}
+    # profile core+a0: core (0.2²), retain a0 (0.3²), forget a1–a3 ((0.1² + 0.4² + 0²) / 3), each role 1/3
+    expected = (0.04 + 0.09 + (0.01 + 0.16 + 0.0) / 3) / 3
+    assert filter_distance(crs, reference, ["a0"], AUX) == pytest.approx(expected, rel=1e-14)
+    # profile core: no retain role, so the mean is over core and forget only
+    assert filter_distance(crs, reference, [], AUX) == pytest.approx((0.04 + (0.09 + 0.01 + 0.16) / 4) / 2, rel=1e-14)
+    assert filter_distance(reference, reference, ["a0"], AUX) == 0.0
+
+
 def test_param_groups_cover_every_parameter_once(gram):
     groups = param_groups(gram)
     assert set(groups) == {CORE, *AUX}

@@ -47,7 +47,9 @@ class ElicitConfig:
 class MaxEntConfig:
     steps: int = 100
     lr: float = 1e-3
-    lambda_: float = 15.0  # weight of the retain cross-entropy
+    # weight of the retain cross-entropy (`maxent.lambda`); several values = a sweep: one MaxEnt per λ,
+    # the one closest to the profile's filtered model on held-apart windows is kept (README, "λ sweep")
+    lambda_: float | list[float] = 15.0
     batch: int = 16  # forget windows per step (and as many retain windows, 3:1 core:aux)
 
 
@@ -126,6 +128,12 @@ def preset(name: str) -> GradientRouteConfig:
     return cfg
 
 
+def maxent_lambdas(cfg: GradientRouteConfig) -> list[float]:
+    """MaxEnt's λ grid (one value: no sweep)."""
+    value = cfg.maxent.lambda_
+    return list(dict.fromkeys(value)) if isinstance(value, list) else [value]
+
+
 def validate(cfg: GradientRouteConfig) -> None:
     from pathlib import Path
 
@@ -177,6 +185,16 @@ def validate(cfg: GradientRouteConfig) -> None:
                          f"(cr.eval_every={cfg.cr.eval_every}) for the power-law fit")
     if cfg.lr <= 0 or cfg.maxent.lr <= 0 or cfg.clip <= 0 or min([cfg.elicit.lr_divisor, *cfg.elicit.extra_lr_divisors]) <= 0:
         raise ValueError("lr, maxent.lr, elicit.lr_divisor, elicit.extra_lr_divisors and clip must be positive")
+    lambdas = maxent_lambdas(cfg)
+    if not lambdas or min(lambdas) < 0:
+        raise ValueError(f"maxent.lambda must be one or more weights >= 0, not {cfg.maxent.lambda_}")
+    if len(lambdas) > 1 and "maxent" in cfg.variants:
+        if "filter" not in cfg.variants:
+            raise ValueError("a maxent.lambda sweep selects the λ closest to the filtered model: add filter to "
+                             "variants, or give one maxent.lambda")
+        if cfg.data != "synthetic":
+            raise ValueError("a maxent.lambda sweep selects on the synthetic corpus's held-apart stream; "
+                             "give one maxent.lambda with --data")
     if not cfg.profiles:
         raise ValueError("profiles must list at least one profile, e.g. core,core+a0 or all")
     for profile in cfg.profiles:
@@ -191,3 +209,12 @@ def validate(cfg: GradientRouteConfig) -> None:
             raise ValueError(f"unknown module(s) {bad} in profiles; the synthetic aux domains are {', '.join(AUX_TOPICS)}")
         if cfg.titration.module not in domains:
             raise ValueError(f"titration.module '{cfg.titration.module}' is not one of {', '.join(AUX_TOPICS)}")
+
+
+def check_inputs(cfg: GradientRouteConfig) -> None:
+    """Before a run exists: every document of a --data folder is read as the run reads it (UTF-8, JSON lines,
+    Parquet with a text column)."""
+    if cfg.data != "synthetic":
+        from icml.methods.gradient_route.data import read_domains
+
+        read_domains(cfg.data)

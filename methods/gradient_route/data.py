@@ -9,6 +9,9 @@ of the seed and every split is a prefix-stable stream of windows.
 User data: `data=DIR` with one subfolder per domain (`core` is D₁, `unlabelled` optional); files
 *.txt (one document), *.jsonl or *.parquet (one document per record's `text`); a document goes
 to val when sha256(key) mod 20 == 0, to attack when it is 1, else to train.
+
+`select` (synthetic only) is a held-apart stream drawn like val (every entity) that neither training
+nor any reported metric reads: MaxEnt's λ sweep picks its λ there, never on val.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from icml.methods.gradient_route.config import AUX_TOPICS, CORE_TOPICS
 PAD = "\x00"
 ALPHABET = PAD + string.ascii_lowercase + string.ascii_uppercase + " .,\n"
 TOPICS = CORE_TOPICS + AUX_TOPICS
-STREAMS = {"train": 0, "val": 1, "attack": 2, "val_heldout": 3}
+STREAMS = {"train": 0, "val": 1, "attack": 2, "val_heldout": 3, "select": 4}
 WORLD_STREAM = 7
 ONSETS = list("bdfgklmnprstvz")
 VOWELS = list("aeiou")
@@ -176,6 +179,7 @@ class Corpus:
     val: dict[str, torch.Tensor] = field(default_factory=dict)
     val_heldout: dict[str, torch.Tensor] = field(default_factory=dict)
     attack: dict[str, torch.Tensor] = field(default_factory=dict)
+    select: dict[str, torch.Tensor] = field(default_factory=dict)
     val_topics: list[str] = field(default_factory=list)
     has_unlabelled: bool = False
 
@@ -203,10 +207,12 @@ class SyntheticCorpus(Corpus):
         self._streams: dict[tuple[str, str], list[int]] = {}
         self._stories: dict[tuple[str, str], int] = {}
         per_core = max(1, val_windows // len(CORE_TOPICS))
-        self.val["core"] = torch.cat([self.windows("val", t, per_core) for t in CORE_TOPICS])
+        for split, target in (("val", self.val), ("select", self.select)):
+            target["core"] = torch.cat([self.windows(split, t, per_core) for t in CORE_TOPICS])
+            for topic in AUX_TOPICS:
+                target[topic] = self.windows(split, topic, val_windows)
         self.val_topics = [t for t in CORE_TOPICS for _ in range(per_core)]
         for topic in AUX_TOPICS:
-            self.val[topic] = self.windows("val", topic, val_windows)
             self.val_heldout[topic] = self.windows("val_heldout", topic, val_windows)
             self.attack[topic] = self.windows("attack", topic, attack_windows)
 
@@ -270,20 +276,27 @@ def split_of(key: str) -> str:
     return "val" if bucket == 0 else "attack" if bucket == 1 else "train"
 
 
+def read_domains(root: str) -> dict[str, list[tuple[str, str]]]:
+    """domain → its documents, for a user folder of domain subfolders; one-line ValueErrors for what the
+    run cannot use (also what `check_inputs` reads before a run exists)."""
+    root_path = Path(root)
+    folders = sorted(p for p in root_path.iterdir() if p.is_dir())
+    if not [p for p in folders if p.name not in ("core", "unlabelled")]:
+        raise ValueError(f"data '{root}' has no auxiliary domain folder besides core (and unlabelled)")
+    texts = {p.name: _documents(p, root_path) for p in folders}
+    for name, docs in texts.items():
+        if not docs:
+            raise ValueError(f"domain folder '{root_path / name}' holds no *.txt, *.jsonl or *.parquet document")
+    return texts
+
+
 class FolderCorpus(Corpus):
     """User domains. A domain without val (or attack) documents lends the tail of its train stream
     (5% each): a folder of a few files still works. val_heldout is val (user data has no entities)."""
 
     def __init__(self, root: str, context: int, val_windows: int, attack_windows: int, tokenizer: str | None):
-        root_path = Path(root)
-        folders = sorted(p for p in root_path.iterdir() if p.is_dir())
-        aux = [p.name for p in folders if p.name not in ("core", "unlabelled")]
-        if not aux:
-            raise ValueError(f"data '{root}' has no auxiliary domain folder besides core (and unlabelled)")
-        texts = {p.name: _documents(p, root_path) for p in folders}
-        for name, docs in texts.items():
-            if not docs:
-                raise ValueError(f"domain folder '{root_path / name}' holds no *.txt, *.jsonl or *.parquet document")
+        texts = read_domains(root)
+        aux = [name for name in texts if name not in ("core", "unlabelled")]
         if tokenizer is not None:
             tok = HFTokenizer(tokenizer)
         else:

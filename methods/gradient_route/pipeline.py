@@ -9,13 +9,14 @@ Independent models train and attack in worker processes; the parent alone record
 """
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
 from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
-from icml.cli.runstore import atomic_torch_save
+from icml.cli.runstore import atomic_torch_save, load_checkpoint
 from icml.cli.workers import run_in_workers
 
 GRAM_VARIANTS = ("gram", "gram_pcr0", "gram_pas0", "gram_uniform_accum", "gram_single_optimizer", "gram_partial")
@@ -57,13 +58,11 @@ def checkpoint_path(folder: Path, variant: str, profile: str | None, seed: int) 
 
 
 def load_model(path: Path, cfg, corpus, device: str = "cpu"):
-    import torch
-
     from icml.methods.gradient_route.model import build_model
 
     if not path.exists():
         raise IcmlError(f"checkpoint {path} is missing", "re-train: icml gradient-route train --resume RUN")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_checkpoint(path, map_location="cpu")
     model = build_model(cfg, corpus.vocab_size, state["width"], state["aux"], cfg.d_aux, 0)
     model.load_state_dict(state["model"])
     return model.to(device)
@@ -103,9 +102,28 @@ def dataset_losses(model, corpus, pad_id: int, route=None, splits=("val", "val_h
     return out
 
 
+def select_crs(model, corpus, fits: dict) -> dict[str, float]:
+    """CR of `model` on each dataset's held-apart `select` windows, through the baseline's val fits (the
+    select stream is drawn like val, so the same loss → CR map applies)."""
+    from icml.methods.gradient_route.training import mean_loss
+
+    device = next(model.parameters()).device
+    return {d: _cr(fits, d, "val", mean_loss(model, w.to(device), corpus.pad_id)) for d, w in corpus.select.items()}
+
+
+def filter_distance(crs: dict[str, float], reference: dict[str, float], keep: list[str], aux: list[str]) -> float:
+    """The released code's MaxEnt tuning objective: the mean over the roles core, retain, forget (those
+    the profile has) of the mean squared CR difference to the profile's filtered model."""
+    by_role: dict[str, list[float]] = {}
+    for dataset, cr in crs.items():
+        by_role.setdefault(_role(dataset, keep, aux), []).append((cr - reference[dataset]) ** 2)
+    return _mean(_mean(errors) for errors in by_role.values())
+
+
 def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | None, folder: Path,
-              device: str) -> dict:
-    """Train one model of a variant (a profile's, for filter/maxent), save it; rows for the parent."""
+              device: str, fits: dict | None = None) -> dict:
+    """Train one model of a variant (a profile's, for filter/maxent), save it; rows for the parent.
+    `fits` (the baseline's power laws) convert a MaxEnt λ sweep's held-apart losses to CRs."""
     import torch
 
     from icml.cli.threads import single_thread
@@ -136,13 +154,37 @@ def train_job(cfg, corpus_seed: int, seed: int, variant: str, profile: str | Non
                 atomic_torch_save({"lora": lora_state(model), "rank": rank},
                                   checkpoint_path(folder, variant, profile, seed))
         elif variant == "maxent":
-            model = load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus, device)
+            from icml.methods.gradient_route.config import maxent_lambdas
+
             keep = retained(profile, corpus)
             forget = torch.cat([corpus.train(d, base[d]) for d in corpus.aux if d not in keep]).to(device)
             retain_aux = torch.cat([corpus.train(d, base[d]) for d in keep]).to(device) if keep else None
-            losses = T.maxent_unlearn(model, forget, corpus.train("core", base["core"]).to(device), retain_aux,
-                                      cfg, corpus.pad_id, seed)
-            tokens = 2 * cfg.maxent.steps * cfg.maxent.batch * (corpus.length - 1)  # forget + retain batches
+            retain_core = corpus.train("core", base["core"]).to(device)
+            lambdas = maxent_lambdas(cfg)
+            start = load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus, device)
+            if len(lambdas) > 1:
+                reference = select_crs(load_model(checkpoint_path(folder, "filter", profile, seed), cfg, corpus,
+                                                  device), corpus, fits)
+                rows += [{**tags, "variant": "filter", "metric": "maxent_select_cr", "value": cr, "split": "select",
+                          "dataset": d, "role": _role(d, keep, corpus.aux)} for d, cr in reference.items()]
+            best = None
+            for lam in lambdas:
+                model = copy.deepcopy(start)
+                losses = T.maxent_unlearn(model, forget, retain_core, retain_aux, cfg, corpus.pad_id, seed, lam)
+                score = 0.0
+                if len(lambdas) > 1:
+                    crs = select_crs(model, corpus, fits)
+                    score = filter_distance(crs, reference, keep, corpus.aux)
+                    rows += [{**tags, "metric": "maxent_select_cr", "value": cr, "split": "select", "dataset": d,
+                              "role": _role(d, keep, corpus.aux), "weight": lam} for d, cr in crs.items()]
+                    rows.append({**tags, "metric": "maxent_select_score", "value": score, "split": "select",
+                                 "weight": lam})
+                if best is None or score < best[0]:  # a tie keeps the earlier λ of the grid
+                    best = (score, lam, model, losses)
+            _, lam, model, losses = best
+            rows.append({**tags, "metric": "maxent_lambda", "value": lam, "split": "train"})
+            # every candidate of the sweep was trained: its tuning counts in the cost
+            tokens = len(lambdas) * 2 * cfg.maxent.steps * cfg.maxent.batch * (corpus.length - 1)  # forget + retain
             info["flops"] = tokens * dense_params
             width, aux = cfg.d_dense, []
         else:  # baseline, GRAM variants, filters, and ft_lora's core-only base
@@ -223,6 +265,8 @@ def model_jobs(cfg, profiles: list[str]) -> tuple[list, list]:
 
 
 def train(ctx: RunContext) -> None:
+    from icml.methods.gradient_route.config import maxent_lambdas
+
     cfg = ctx.config
     try:
         corpus = corpus_for(cfg, ctx.seed)
@@ -253,7 +297,11 @@ def train(ctx: RunContext) -> None:
                 f"{result['info']['final_train_loss']:.3f}")
 
     for wave in (first, second):
-        jobs = [((v, p, s), train_job, (cfg, ctx.seed, s, v, p, folder, ctx.device))
+        fits = None
+        if wave is second and len(maxent_lambdas(cfg)) > 1 and "maxent" in cfg.variants:
+            # the sweep scores MaxEnt in CRs: the baseline (first wave) fixes the fits the eval will use
+            fits = distributed.from_main(fits_of(_baseline_fits(ctx)) if distributed.is_main() else None)
+        jobs = [((v, p, s), train_job, (cfg, ctx.seed, s, v, p, folder, ctx.device, fits))
                 for s in seeds for v, p in wave
                 if not ((v, p, s) in done_keys and checkpoint_path(folder, v, p, s).exists())]
         jobs = distributed.from_main(jobs)  # under torchrun: what rank 0's run directory still lacks
@@ -307,7 +355,7 @@ def _record_costs(ctx: RunContext, infos: dict, profiles: list[str], seeds: list
     ctx.record(rows)
 
 
-def _fit_curves(ctx: RunContext) -> None:
+def _baseline_fits(ctx: RunContext):
     """One power law per (dataset, split) on the pooled baseline curves; S̄ from the final losses."""
     import pandas as pd
 
@@ -315,26 +363,36 @@ def _fit_curves(ctx: RunContext) -> None:
 
     frame = ctx.metrics()
     curve = frame[(frame["variant"] == "baseline") & (frame["metric"] == "val_loss") & (frame["phase"] == "train")]
-    fits, rows = [], []
+    fits = []
     for (dataset, split), group in curve.groupby(["dataset", "split"]):
         law = fit_power_law(group["step"].to_numpy(), group["value"].to_numpy())
         finals = group[group["step"] == group.groupby("seed")["step"].transform("max")]["value"].to_numpy()
-        s_bar = reference_steps(law, finals)
         fits.append({"run_id": ctx.run.path.name, "dataset": dataset, "split": split, "a": law.a, "log_a": law.log_a,
-                     "alpha": law.alpha, "s0": law.s0, "rmse": law.rmse, "n_points": law.n_points, "s_bar": s_bar})
-        for metric, value in (("fit_alpha", law.alpha), ("fit_a", law.a), ("fit_s0", law.s0), ("fit_rmse", law.rmse)):
-            rows.append({"variant": "baseline", "metric": metric, "value": value, "split": split, "dataset": dataset})
-    ctx.write_table("fits", pd.DataFrame(fits))
-    ctx.record(rows)
+                     "alpha": law.alpha, "s0": law.s0, "rmse": law.rmse, "n_points": law.n_points,
+                     "s_bar": reference_steps(law, finals)})
+    return pd.DataFrame(fits)
+
+
+def _fit_curves(ctx: RunContext) -> None:
+    fits = _baseline_fits(ctx)
+    ctx.write_table("fits", fits)
+    ctx.record([{"variant": "baseline", "metric": metric, "value": r[column], "split": r["split"],
+                 "dataset": r["dataset"]}
+                for r in fits.to_dict("records")
+                for metric, column in (("fit_alpha", "alpha"), ("fit_a", "a"), ("fit_s0", "s0"), ("fit_rmse", "rmse"))])
 
 
 # --- eval ------------------------------------------------------------------------------------------------
-def read_fits(run) -> dict:
+def fits_of(table) -> dict:
+    """{(dataset, split): (PowerLaw, S̄)} of a fits table."""
     from icml.methods.gradient_route.cr import PowerLaw
 
-    fits = run.table("fits")
     return {(r.dataset, r.split): (PowerLaw(r.log_a, r.alpha, r.s0, r.rmse, int(r.n_points)), r.s_bar)
-            for r in fits.itertuples()}
+            for r in table.itertuples()}
+
+
+def read_fits(run) -> dict:
+    return fits_of(run.table("fits"))
 
 
 def _cr(fits: dict, dataset: str, split: str, loss: float) -> float:
@@ -367,7 +425,7 @@ def deployed_model(cfg, corpus, folder: Path, variant: str, profile: str, seed: 
         if missing:
             raise IcmlError(f"LoRA checkpoint(s) {', '.join(missing)} missing",
                             "re-train with this profile: icml gradient-route train --set profiles=…")
-        return merge_lora(model, [torch.load(p, map_location="cpu", weights_only=False)["lora"] for p in paths])
+        return merge_lora(model, [load_checkpoint(p, map_location="cpu")["lora"] for p in paths])
     if variant in FILTER_VARIANTS or variant == "maxent":
         return load_model(checkpoint_path(folder, variant, profile, seed), cfg, corpus, device)
     return load_model(checkpoint_path(folder, "baseline", None, seed), cfg, corpus, device)

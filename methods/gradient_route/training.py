@@ -286,10 +286,17 @@ def mean_loss(model, windows: torch.Tensor, pad_id: int, route=None) -> float:
 
 
 # --- post-hoc unlearning and the relearning attack ------------------------------------------------
+def maxent_loss(model, x_f: torch.Tensor, x_r: torch.Tensor, lam: float, pad_id: int) -> torch.Tensor:
+    """Mean-token KL(p_θ(·|x_F) ‖ Uniform) + λ·CE(x_R); under torchrun this rank's slice of x_F."""
+    log_p = F.log_softmax(forward(model, distributed.shard(x_f)[:, :-1]), dim=-1)
+    kl_uniform = (log_p.exp() * log_p).sum(-1).mean() + math.log(log_p.shape[-1])  # KL(p‖U) = log V − H(p)
+    return kl_uniform + lam * rank_loss(model, x_r, pad_id)
+
+
 def maxent_unlearn(model, forget: torch.Tensor, retain_core: torch.Tensor, retain_aux: torch.Tensor | None,
-                   cfg, pad_id: int, seed: int) -> list[float]:
-    """MaxEnt: minimise mean-token KL(p_θ(·|x_F) ‖ Uniform) + λ·CE(x_R) in place, retain batches 3:1
-    core:aux (all core when the profile retains no module)."""
+                   cfg, pad_id: int, seed: int, lam: float) -> list[float]:
+    """MaxEnt: minimise `maxent_loss` at retain weight λ in place, retain batches 3:1 core:aux (all core
+    when the profile retains no module). Every λ of a sweep draws the same batches (same seed)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 13]))
     m = cfg.maxent
     optimizer = torch.optim.AdamW(model.parameters(), lr=m.lr, betas=(cfg.beta1, cfg.beta2),
@@ -301,12 +308,8 @@ def maxent_unlearn(model, forget: torch.Tensor, retain_core: torch.Tensor, retai
         parts = [retain_core[torch.from_numpy(rng.integers(len(retain_core), size=m.batch - n_aux))]]
         if n_aux:
             parts.append(retain_aux[torch.from_numpy(rng.integers(len(retain_aux), size=n_aux))])
-        x_r = torch.cat(parts)
         # under torchrun: every rank draws the same batches and trains on its equal slice of x_f
-        log_p = F.log_softmax(forward(model, distributed.shard(x_f)[:, :-1]), dim=-1)
-        kl_uniform = (log_p.exp() * log_p).sum(-1).mean() + math.log(log_p.shape[-1])  # KL(p‖U) = log V − H(p)
-        retain = rank_loss(model, x_r, pad_id)
-        loss = kl_uniform + m.lambda_ * retain
+        loss = maxent_loss(model, x_f, torch.cat(parts), lam, pad_id)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.average_gradients(model.parameters())
