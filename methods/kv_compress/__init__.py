@@ -2,7 +2,7 @@
 OpenReview xhAMjsnWUe), with SnapKV / H2O / StreamingLLM eviction into a ragged compressed cache
 and the PyramidKV / Ada-KV allocation baselines."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.kv_compress.config import VARIANTS, KvCompressConfig, preset, validate
+from icml.methods.kv_compress.config import VARIANTS, KvCompressConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="kv-compress",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=KvCompressConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"task": "string", "ratio": "float64", "window": "int64", "alpha": "float64", "scope": "string",
           "operator": "string", "question_aware": "int64"},
     metrics={"exact_match": HIGHER, "retention": HIGHER, "answer_nll": LOWER, "kl_to_full": LOWER,

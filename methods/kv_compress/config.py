@@ -182,3 +182,11 @@ def validate(cfg: KvCompressConfig) -> None:
     if cfg.model and not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
                          "save one with save_pretrained)")
+
+
+def check_inputs(cfg: KvCompressConfig) -> None:
+    """Before a run exists: the --data JSONL is read and split as the run reads it."""
+    if cfg.data:
+        from icml.methods.kv_compress.pipeline import user_split
+
+        user_split(cfg)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from icml.cli import distributed
+from icml.cli import distributed, runstore
 from icml.cli.errors import IcmlError, UsageError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_write_json
@@ -143,7 +143,7 @@ def train(ctx: RunContext) -> None:
         model = tiny_model(cfg, len(tokenizer), ctx.seed)
         state_path = ctx.checkpoints / "state.pt"
         start, optimizer_state = 0, None
-        saved = (torch.load(state_path, weights_only=False)
+        saved = (runstore.load_checkpoint(state_path)
                  if ctx.resumed and state_path.exists() and distributed.is_main() else None)
         saved = distributed.from_main(saved)  # under torchrun: rank 0's checkpoint, on every rank
         if saved is not None:

@@ -2,7 +2,7 @@
 thoughts (its own final-norm hidden state, fed back as new input slots sharing the token's position
 id) before each token, trained with a Jacobi-parallel solve and decoded exactly with a KV cache."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.latent_thought.config import ARMS, LatentThoughtConfig, preset, validate
+from icml.methods.latent_thought.config import ARMS, LatentThoughtConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="latent-thought",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=LatentThoughtConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"K": "int64", "J": "int64", "solve": "string", "iter": "int64", "seq_len": "int64"},
     metrics={"val_nats_per_byte": LOWER, "val_bits_per_byte": LOWER, "jacobi_gap": None,
              "jacobi_residual": LOWER, "jacobi_error": LOWER, "exact_vs_cached_max_logit_diff": LOWER,

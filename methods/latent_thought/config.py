@@ -132,3 +132,11 @@ def validate(cfg: LatentThoughtConfig) -> None:
                          "save one with save_pretrained)")
     if cfg.model and any(a == "vanilla_2x" for a in cfg.arms):
         raise ValueError("vanilla_2x has no meaning with --model (the checkpoint fixes the depth): drop it from arms")
+
+
+def check_inputs(cfg: LatentThoughtConfig) -> None:
+    """Before a run exists: the --data text is read and split as the run reads it (UTF-8)."""
+    if cfg.data:
+        from icml.methods.latent_thought.data import file_corpus
+
+        file_corpus(cfg.data)

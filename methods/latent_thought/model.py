@@ -295,7 +295,7 @@ def load_arm(directory: Path, device: str = "cpu") -> ThoughtLM:
     lm = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation="eager")
     model = ThoughtLM(lm, spec, s["thought_scale"])
     if spec.kind == "pause":
-        model.pause.data.copy_(torch.load(directory / "pause.pt"))
+        model.pause.data.copy_(torch.load(directory / "pause.pt", weights_only=True))
     return model.to(device).eval()
 
 

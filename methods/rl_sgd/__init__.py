@@ -2,7 +2,7 @@
 update sparsity on bf16 snapshots, effective rank of the updates and optimizer memory
 (arXiv 2602.07729)."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.rl_sgd.config import ARMS, RlSgdConfig, preset, validate
+from icml.methods.rl_sgd.config import ARMS, RlSgdConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="rl-sgd",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=RlSgdConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"optimizer": "string", "lr": "float64", "regime": "string", "master_dtype": "string",
           "group_size": "int64", "selected": "string"},
     metrics={"reward_mean": HIGHER, "frac_groups_skipped": None, "grad_norm": None, "loss": None,

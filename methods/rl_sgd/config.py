@@ -191,3 +191,11 @@ def validate(cfg: RlSgdConfig) -> None:
     if cfg.model is None and m.max_position < prompt + cfg.max_new_tokens:
         raise ValueError(f"llama.max_position ({m.max_position}) is shorter than a prompt ({prompt} tokens) "
                          f"plus max_new_tokens ({cfg.max_new_tokens})")
+
+
+def check_inputs(cfg: RlSgdConfig) -> None:
+    """Before a run exists: the --data JSONL is read as the run reads it (UTF-8, a prompt and answer per line)."""
+    if cfg.data:
+        from icml.methods.rl_sgd.task import load_jsonl
+
+        load_jsonl(cfg.data)

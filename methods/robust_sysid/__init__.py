@@ -2,7 +2,7 @@
 attacks — the non-squared ℓ₂-norm estimator against least squares, error vs memory length
 (Kim, Fang & Lavaei, arXiv 2505.11688)."""
 from icml.cli.method import LOWER, Method
-from icml.methods.robust_sysid.config import VARIANTS, RobustSysidConfig, preset, validate
+from icml.methods.robust_sysid.config import VARIANTS, RobustSysidConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="robust-sysid",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=RobustSysidConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"experiment": "string", "p": "int64", "q": "float64", "T": "int64", "attack": "string",
           "attack_on": "string", "input": "string", "noise": "float64", "system_seed": "int64"},
     metrics={"param_error": LOWER, "param_error_rel": LOWER, "objective": LOWER, "objective_gap_truth": LOWER,

@@ -178,3 +178,11 @@ def validate(cfg: RobustSysidConfig) -> None:
                          f"{cfg.irls.iters}, {cfg.irls.grad_tol}, {cfg.irls.eta}")
     if not 0 < cfg.breakdown_rel:
         raise ValueError(f"breakdown_rel must be > 0, not {cfg.breakdown_rel}")
+
+
+def check_inputs(cfg: RobustSysidConfig) -> None:
+    """Before a run exists: the --data trajectory is read as the run reads it."""
+    if cfg.data:
+        from icml.methods.robust_sysid.system import load_user_trajectory
+
+        load_user_trajectory(cfg.data)
