@@ -377,8 +377,8 @@ def load_csv(edges_path: Path, features_path: Path):
         raise _fail(features_path, "has no feature columns (f0, f1, …)")
     x = _features(nodes[feature_cols].to_numpy(), features_path, "features")
     y = _labels(nodes["y"].to_numpy(), n, features_path, "y")
-    try:
-        edge_index = edges[["src", "dst"]].to_numpy().astype(np.int64).T
+    try:  # as numbers, not yet integers: _check_edge_index refuses 2.5 where astype(int64) made it 2
+        edge_index = edges[["src", "dst"]].to_numpy().astype(np.float64).T
     except (TypeError, ValueError):
         raise _fail(edges_path, "src/dst must be integer node ids") from None
     edge_index = _check_edge_index(edge_index, n, edges_path)

@@ -31,7 +31,7 @@ def test_every_variant_metric_and_tag(metrics):
     from icml.methods.fgad.config import VARIANTS
 
     assert SPEC_METRICS <= set(metrics["metric"])
-    assert set(metrics["variant"]) == set(VARIANTS) - {"partition_metis"}  # pymetis is not installed here
+    assert set(metrics["variant"]) == set(VARIANTS)  # partition_metis included: pymetis is a dependency
     scored = metrics[metrics["metric"] == "auroc"]
     assert set(scored["group"]) == {"all", "str_strong", "str_weak", "ctx_strong", "ctx_weak",
                                     "str_strong_intact", "str_weak_intact"}  # the last two: diagnostic
@@ -45,6 +45,7 @@ def test_every_variant_metric_and_tag(metrics):
     assert set(scored.loc[scored["variant"] == "mvfgad", "K"]) == {1, 3}
     assert set(scored.loc[scored["variant"] == "central_mvfgad", "K"]) == {1}
     assert set(scored.loc[scored["variant"] == "partition_random", "partition"]) == {"random"}
+    assert set(scored.loc[scored["variant"] == "partition_metis", "partition"]) == {"metis"}
     assert scored["value"].dropna().between(0, 1).all()
     assert scored.loc[scored["group"] == "all", "value"].notna().all()  # a group may miss the tiny test splits
     loss = metrics[metrics["metric"] == "loss"]
@@ -133,15 +134,65 @@ def test_bad_input_is_one_line(icml, argv, message):
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.err
 
 
-def test_malformed_graph_file_is_one_line(icml, tmp_path):
+def test_float_node_ids_in_an_edge_csv_are_refused_before_a_run_exists(icml, tmp_path):
+    """pandas reads a src/dst column holding 2.5 as floats; the loader's int64 cast used to turn it into
+    node 2 silently. Integral floats (2.0) stay accepted, as in the other loaders."""
+    features = "node_id,f0,y\n" + "".join(f"{i},{i / 10},{int(i == 3)}\n" for i in range(6))
+    (tmp_path / "features.csv").write_text(features)
+    (tmp_path / "edges.csv").write_text("src,dst\n0,1\n1,2.5\n2,3\n")
+    result = icml("fgad", "train", "--preset", "smoke", "--data", tmp_path / "edges.csv")
+    assert result.code == 2
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "non-integer node id 2.5" in lines[0] and "column dst" in lines[0]
+    assert "Traceback" not in result.err
+    assert icml("runs", "--json").json()["runs"] == []  # refused before a run directory exists
+    result = icml("fgad", "train", "--preset", "smoke", "--data", tmp_path)  # the folder form reads edges.csv
+    assert result.code == 2 and "non-integer node id 2.5" in result.err
+    from icml.methods.fgad.config import check_integer_node_ids
+
+    (tmp_path / "edges.csv").write_text("src,dst\n0,1\n1,2.0\n2,3\n")
+    check_integer_node_ids(tmp_path / "edges.csv")  # integral floats are node ids
+
+
+def test_run_seeds_reach_every_random_choice(icml, tmp_path):
+    """`--seeds 0,1` trains two different grids: the run seed shifts the grid seeds (0 → 123, 1 → 1123), so the
+    graph, injection, partition and init differ. Before, both runs trained seed 123 and were identical.
+    The same run seed again reproduces its run exactly."""
+    argv = ["--preset", "smoke", "--set", "n_nodes=300", "--set", "rounds=2", "--set", "epochs=3", "--set", "K=3",
+            "--set", "hidden=8", "--set", "out_dim=4", "--set", "variants=mvfgad,fedavg_dominant,partition_metis"]
+    result = icml("fgad", "train", *argv, "--seeds", "0,1", "--json")
+    assert result.code == 0, result.err
+    runs = [Path(r["run_dir"]) for r in result.json()["runs"]]
+    again = Path(icml("fgad", "train", *argv, "--seed", "1", "--json").json()["run_dir"])
+    frames = []
+    for run in runs + [again]:
+        assert icml("fgad", "eval", run).code == 0
+        frame = pq.read_table(run / "metrics.parquet").to_pandas()
+        frame = frame[(frame["phase"] == "eval") & (frame["metric"] != "wall_s")]
+        frames.append(frame.sort_values(["variant", "metric", "group", "agg"], kind="stable").reset_index(drop=True))
+    assert set(frames[0]["seed"]) == {123} and set(frames[1]["seed"]) == {1123}
+    assert set(frames[1]["variant"]) >= {"mvfgad", "fedavg_dominant", "partition_metis"}
+    for variant in ("mvfgad", "fedavg_dominant", "partition_metis"):
+        a, b = (f[f["variant"] == variant]["value"].to_numpy() for f in frames[:2])
+        assert not np.allclose(a, b, equal_nan=True), variant
+    injection = [pq.read_table(run / "injection.parquet").to_pandas() for run in runs]
+    assert set(injection[0]["node_id"]) != set(injection[1]["node_id"])
+    partition = [pq.read_table(run / "partition.parquet").to_pandas() for run in runs]
+    assert not np.array_equal(partition[0]["client"], partition[1]["client"])
+    np.testing.assert_array_equal(frames[2]["value"], frames[1]["value"])  # same run seed, same numbers
+    assert icml("fgad", "train", *argv, "--seed", "-1").code == 2  # negative grid seeds: one line
+
+
+def test_malformed_graph_file_is_one_line_before_a_run_exists(icml, tmp_path):
+    """check_inputs loads the graph before the run: exit 2 and no run left behind (it used to be exit 1
+    inside a new, failed run)."""
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.ones((5, 2)), y=np.array([0, 1, 3, 0, 0]), edge_index=np.array([[0], [1]]))
     result = icml("fgad", "train", "--preset", "smoke", "--data", bad)
-    assert result.code == 1
-    lines = [line for line in result.err.splitlines() if line.strip().startswith("icml: error")]
+    assert result.code == 2
+    lines = [line for line in result.err.splitlines() if line.strip()]
     assert len(lines) == 1 and "must be 0/1 anomaly labels" in lines[0] and "Traceback" not in result.err
-    listed = icml("runs", "--json").json()["runs"]  # the run directory left behind says what it is
-    assert [(r["status"], r["phases"]) for r in listed] == [("failed", {"train": "failed"})]
+    assert icml("runs", "--json").json()["runs"] == []
 
 
 def test_a_client_split_without_anomalies_keeps_the_last_epoch_with_nan_metrics(icml, tmp_path):
@@ -178,7 +229,7 @@ def test_one_run_judges_the_claims_over_its_grid_seeds():
     import pandas as pd
     from scipy import stats
 
-    from icml.methods.fgad.report import _grid_claims
+    from icml.methods.fgad.report import CLAIMS, _grid_claims
     from icml.reports.tables import fmt
 
     auroc = {"mvfgad": [0.80, 0.84, 0.83], "local_only": [0.78, 0.83, 0.80], "fedavg_dominant": [0.52, 0.50, 0.60]}
@@ -198,4 +249,54 @@ def test_one_run_judges_the_claims_over_its_grid_seeds():
     # mvfgad − local_only: 0.02 / 0.01 / 0.03, interval [−0.005, 0.045] crosses zero; − dominant lies above it
     assert (local["verdict"], dominant["verdict"]) == ("not shown", "holds")
     assert "seeds 123, 124, 125" in table.note and "grid seeds" in table.title
+    # with one injection per grid seed (as in a run) the claim names carry no pooled inject_ids: they are
+    # the same in every run, so a group report aligns them
+    frame["inject_id"] = frame["seed"].map({123: "a", 124: "b", 125: "c"})
+    (table,) = _grid_claims(frame)
+    assert list(table.frame["claim"]) == [claim.name for claim in CLAIMS]
     assert _grid_claims(frame[frame["seed"] == 123]) == []  # one seed: nothing to judge
+
+
+def test_the_ablation_table_follows_the_run_seed():
+    """Run seed 1 trains its ablations at grid seed 1123: the ablation table finds them (it used to filter on
+    the unshifted `ablation_seeds`, 123, and came out empty), under a title that is the same for every run
+    seed so that a group report aligns the runs' tables."""
+    import pandas as pd
+
+    from icml.methods.fgad.config import FgadConfig
+    from icml.methods.fgad.report import tables
+
+    rows = [{"phase": "eval", "metric": "auroc", "variant": variant, "K": 10, "group": "all", "agg": agg,
+             "seed": seed, "value": 0.7, "partition": "louvain"}
+            for variant, seeds in (("mvfgad", (1123, 1124)), ("partition_random", (1123,)),
+                                   ("partition_metis", (1123,)))
+            for seed in seeds for agg in ("client_weighted", "pooled")]
+    (ablation,) = [t for t in tables(pd.DataFrame(rows), FgadConfig()) if t.title.startswith("Ablations")]
+    assert ablation.title == "Ablations — AUROC at K=10"
+    assert set(ablation.frame["variant"]) == {"mvfgad", "partition_random", "partition_metis"}
+    assert set(ablation.frame["seeds"]) == {1} and "grid seed(s) 1123" in ablation.note
+
+
+def test_group_claims_pool_the_grid_seeds_injections():
+    """In a group, each run's arm is its mean over its grid seeds, whose injections differ (three inject_ids):
+    the claims pool inject_id on purpose instead of failing as a declaration error."""
+    import pandas as pd
+
+    from icml.methods.fgad import METHOD
+    from icml.methods.fgad.report import CLAIMS
+    from icml.reports.groups import judge_claims
+
+    def run(run_seed, mvfgad, dominant):
+        return pd.DataFrame([{"phase": "eval", "metric": "auroc", "variant": variant, "K": 10, "group": "all",
+                              "agg": "client_weighted", "split": "test", "partition": "louvain", "dataset": "sbm",
+                              "seed": 1000 * run_seed + grid, "inject_id": f"inj{run_seed}{grid}", "value": value}
+                             for variant, values in (("mvfgad", mvfgad), ("local_only", dominant),
+                                                     ("fedavg_dominant", dominant))
+                             for grid, value in zip((123, 124, 125), values)])
+
+    arms = [([0.8, 0.9, 0.7], [0.6, 0.7, 0.5]), ([0.85, 0.8, 0.75], [0.7, 0.6, 0.65]),
+            ([0.9, 0.8, 0.85], [0.7, 0.75, 0.6])]
+    frames = [run(seed, *values) for seed, values in enumerate(arms)]
+    for claim in judge_claims(CLAIMS, frames, METHOD.metrics):
+        assert not claim["verdict"].startswith("declaration error"), claim["verdict"]
+        np.testing.assert_allclose(claim["per_seed"], [np.mean(a) - np.mean(b) for a, b in arms], rtol=1e-12)

@@ -5,7 +5,7 @@ repair its topology with the global embeddings and train a private three-view de
 fused pseudo-inverse Mahalanobis distances. Graph loaders and the SBM injector live in icml.data.graphs.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.fgad.config import VARIANTS, FgadConfig, preset, validate
+from icml.methods.fgad.config import VARIANTS, FgadConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="fgad",
@@ -17,6 +17,7 @@ METHOD = Method(
     config=FgadConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"K": "int64", "group": "string", "agg": "string", "partition": "string", "dataset": "string",
           "inject_id": "string", "stage": "string"},
     metrics={"auroc": HIGHER, "ap": HIGHER, "recall_at_k": HIGHER, "val_auroc": HIGHER,

@@ -1,16 +1,23 @@
 """Configuration of `icml fgad`: one dataclass, three presets, a one-line validator.
 
-`--data PATH` sets `data` (a graph file); `data=sbm` (the default) is the seeded synthetic graph.
+`--data PATH` sets `data` (a graph file); `data=sbm` (the default) is the seeded synthetic graph;
+`check_inputs` loads a user graph before a run exists.
+The `seeds` / `ablation_seeds` keys are the grid seeds of run seed 0; run seed s shifts them by
+SEED_STRIDE·s (`job_seeds`), so `--seeds 0,1,2` trains three different grids.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from icml.cli.errors import UsageError
 
 MAIN = ["mvfgad", "local_only", "fedavg_gcn", "fedavg_dominant", "central_mvfgad", "central_dominant"]
 ABLATIONS = ["view_attr", "view_smooth", "view_signed", "euclidean", "partition_random", "partition_metis"]
 VARIANTS = MAIN + ABLATIONS
 SIGNED_NORMS = ("code", "symmetric")
 GRAPH_SUFFIXES = (".mat", ".pt", ".npz", ".csv")
+SEED_STRIDE = 1000  # run seed s → grid seeds `seeds` + 1000·s: disjoint grids for any seeds below 1000
 
 
 @dataclass
@@ -37,9 +44,9 @@ class FgadConfig:
     # experiment grid
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     K: list[int] = field(default_factory=lambda: [1, 3, 10])
-    seeds: list[int] = field(default_factory=lambda: [123, 124, 125])
+    seeds: list[int] = field(default_factory=lambda: [123, 124, 125])  # at run seed 0; see job_seeds
     ablation_K: int = 10
-    ablation_seeds: list[int] = field(default_factory=lambda: [123])
+    ablation_seeds: list[int] = field(default_factory=lambda: [123])  # at run seed 0; see job_seeds
     split: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.4])  # train/val/test per client
     # models
     hidden: int = 64
@@ -76,9 +83,55 @@ def preset(name: str) -> FgadConfig:
     return cfg
 
 
-def validate(cfg: FgadConfig) -> None:
-    from pathlib import Path
+def job_seeds(seeds: list[int], run_seed: int) -> list[int]:
+    """The grid seeds one run trains: graph, injection, partition, splits and torch init follow them."""
+    return [s + SEED_STRIDE * run_seed for s in seeds]
 
+
+def edge_list_csv(data: str) -> Path | None:
+    """The edge-list CSV a `data` value names (a .csv file or a folder's edges.csv), else None."""
+    path = Path(data)
+    if path.is_dir():
+        return path / "edges.csv"
+    return path if path.suffix.lower() == ".csv" else None
+
+
+def check_integer_node_ids(edges_csv: Path) -> None:
+    """Refuse src/dst values that are not integers before a run exists: pandas reads 1.5 as a float and
+    the loader's int64 cast would silently truncate it to node 1."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        ids = pd.read_csv(edges_csv, usecols=lambda c: c in ("src", "dst"))
+    except Exception:  # noqa: BLE001 - an unreadable file is the loader's one-line error, later
+        return
+    for column in ids.columns:
+        values = ids[column]
+        if pd.api.types.is_float_dtype(values):
+            bad = values[~(np.isfinite(values) & (values == np.round(values)))]
+            if len(bad):
+                raise UsageError(f"'{edges_csv}' column {column} holds a non-integer node id {bad.iloc[0]} "
+                                 f"(data row {bad.index[0] + 1})", "write node ids as integers 0…N−1")
+
+
+def check_inputs(cfg: FgadConfig) -> None:
+    """Before a run exists: a user graph loads as train will load it (a malformed file is one line, exit 2,
+    and leaves no failed run), and an edge CSV holds integer node ids."""
+    if cfg.data == "sbm":
+        return
+    from icml.data.graphs import GraphFormatError, load_graph
+
+    edges_csv = edge_list_csv(cfg.data)
+    if edges_csv is not None and edges_csv.is_file():
+        check_integer_node_ids(edges_csv)
+    try:
+        load_graph(cfg.data, cfg.features)
+    except GraphFormatError as exc:
+        raise UsageError(str(exc), "see `icml fgad train --help` and the fgad README for the graph formats") from None
+
+
+def validate(cfg: FgadConfig) -> None:
     unknown = [v for v in cfg.variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; valid: {', '.join(VARIANTS)}")

@@ -3,7 +3,7 @@
 - `normalise_adjacency`: Â = D^{-1/2}(A+I)D^{-1/2};
 - `GCN`: the communicated stage-1 encoder z = ÂHW₂ + HW₃ + b with H = ReLU(ÂXW₁);
 - `MLP`, `SignedView`: the three private views (V3 with the official signed normalisation);
-- `Dominant`: the unsupervised DOMINANT baseline (GCN encoder, attribute and structure decoders);
+- `Dominant`: the unsupervised DOMINANT baseline (GCN encoder, attribute and structure decoders, PyGOD's layout);
 - `mahalanobis`, `margin_loss`: pseudo-inverse Mahalanobis distances and the semi-supervised loss.
 """
 from __future__ import annotations
@@ -125,21 +125,42 @@ class Views(nn.Module):
 
 
 # DOMINANT baseline ------------------------------------------------------------------------------------
+class GraphConv(nn.Module):
+    """One GCN layer on a dense normalised adjacency: Â(HW) + b, the bias added after propagation and
+    glorot/zero initialisation, as torch-geometric's GCNConv."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.lin = nn.Linear(n_in, n_out, bias=False)
+        self.bias = nn.Parameter(torch.zeros(n_out))
+        nn.init.xavier_uniform_(self.lin.weight)
+
+    def forward(self, h: torch.Tensor, a_hat: torch.Tensor) -> torch.Tensor:
+        return a_hat @ self.lin(h) + self.bias
+
+
 class Dominant(nn.Module):
-    """GCN encoder F→hidden→out, GCN attribute decoder out→hidden→F, structure decoder σ(ZZᵀ)."""
+    """DOMINANT (Ding et al., SDM 2019) as PyGOD builds it: GCN encoder F→hidden→out, GCN attribute
+    decoder out→hidden→F (ReLU and dropout between layers, none after the last), structure decoder one
+    GCN layer out→out then Â_rec = HHᵀ. No sigmoid on HHᵀ (the authors' code; PyGOD's default
+    sigmoid_s=False): σ(ZZᵀ) of a ReLU embedding is ≥ 0.5 everywhere, which erased structural anomalies."""
 
     def __init__(self, n_in: int, hidden: int, n_out: int, dropout: float):
         super().__init__()
-        self.enc1, self.enc2 = nn.Linear(n_in, hidden), nn.Linear(hidden, n_out)
-        self.dec1, self.dec2 = nn.Linear(n_out, hidden), nn.Linear(hidden, n_in)
+        self.encoder = nn.ModuleList([GraphConv(n_in, hidden), GraphConv(hidden, n_out)])
+        self.attr_decoder = nn.ModuleList([GraphConv(n_out, hidden), GraphConv(hidden, n_in)])
+        self.struct_decoder = GraphConv(n_out, n_out)
         self.dropout = dropout
 
+    def _gcn(self, layers: nn.ModuleList, h: torch.Tensor, a_hat: torch.Tensor) -> torch.Tensor:
+        for layer in layers[:-1]:
+            h = F.dropout(F.relu(layer(h, a_hat)), self.dropout, self.training)
+        return layers[-1](h, a_hat)
+
     def forward(self, x: torch.Tensor, a_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        drop = lambda h: F.dropout(h, self.dropout, self.training)  # noqa: E731
-        h = drop(F.relu(a_hat @ self.enc1(x)))
-        z = drop(F.relu(a_hat @ self.enc2(h)))
-        x_hat = a_hat @ self.dec2(drop(F.relu(a_hat @ self.dec1(z))))
-        return x_hat, torch.sigmoid(z @ z.T)
+        z = self._gcn(self.encoder, x, a_hat)
+        h = self.struct_decoder(z, a_hat)
+        return self._gcn(self.attr_decoder, z, a_hat), h @ h.T
 
     @staticmethod
     def errors(x, adj, x_hat, a_hat) -> torch.Tensor:

@@ -48,27 +48,25 @@ def random_partition(n: int, k: int, seed: int) -> np.ndarray:
     return client
 
 
-def metis_partition(edge_index: np.ndarray, n: int, k: int) -> np.ndarray | None:
-    """METIS parts, or None when pymetis is not installed."""
-    try:
-        import pymetis
-    except ImportError:
-        return None
+def metis_partition(edge_index: np.ndarray, n: int, k: int, seed: int) -> np.ndarray:
+    """METIS k-way parts (pymetis), seeded."""
+    import pymetis
+
     adjacency = [[] for _ in range(n)]
     for a, b in edge_index.T.tolist():
         adjacency[a].append(b)
-    _, parts = pymetis.part_graph(k, adjacency=adjacency)
+    _, parts = pymetis.part_graph(k, adjacency=adjacency, options=pymetis.Options(seed=int(seed)))
     return np.asarray(parts, dtype=np.int64)
 
 
-def partition(kind: str, edge_index: np.ndarray, n: int, k: int, seed: int) -> np.ndarray | None:
+def partition(kind: str, edge_index: np.ndarray, n: int, k: int, seed: int) -> np.ndarray:
     if k == 1:
         return np.zeros(n, dtype=np.int64)
     if kind == "louvain":
         return louvain_partition(edge_index, n, k, seed)
     if kind == "random":
         return random_partition(n, k, seed)
-    return metis_partition(edge_index, n, k)
+    return metis_partition(edge_index, n, k, seed)
 
 
 def split_nodes(client: np.ndarray, fractions: list[float], seed: int) -> np.ndarray:

@@ -1,5 +1,8 @@
 """The fgad lifecycle.
 
+The run seed shifts every grid seed (config.job_seeds), so runs of different seeds train different
+graphs, injections, partitions, splits and initialisations.
+
 train: builds the graph per seed (SBM + injection, or a user file), then runs every job of the grid
   — one job is a model family (mvfgad, local_only, dominant) × K × seed × partition — in
   `workers` single-threaded processes. A job saves its scores per variant, selection info, costs and
@@ -12,12 +15,12 @@ eval: turns every job's selected scores into the spec's metrics (per group, clie
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from icml.cli.errors import IcmlError
+from icml.cli.errors import IcmlError, UsageError
 from icml.cli.lifecycle import RunContext
 from icml.cli.runstore import atomic_torch_save
 from icml.cli.workers import run_in_workers
@@ -84,10 +87,15 @@ class JobSpec:
         return {"dominant": "fedavg_dominant"}.get(self.kind, self.kind)
 
 
-def metis_available() -> bool:
-    import importlib.util
+def grid_config(ctx: RunContext):
+    """The run's config with its grid seeds (`seeds`, `ablation_seeds`) shifted by the run seed."""
+    from icml.methods.fgad.config import job_seeds
 
-    return importlib.util.find_spec("pymetis") is not None
+    cfg = ctx.config
+    shifted = replace(cfg, seeds=job_seeds(cfg.seeds, ctx.seed), ablation_seeds=job_seeds(cfg.ablation_seeds, ctx.seed))
+    if min(shifted.seeds + shifted.ablation_seeds) < 0:  # numpy and networkx refuse negative seeds
+        raise UsageError(f"run seed {ctx.seed} gives negative grid seeds {shifted.seeds}", "use a run seed >= 0")
+    return shifted
 
 
 def job_grid(cfg) -> list[JobSpec]:
@@ -117,7 +125,7 @@ def job_grid(cfg) -> list[JobSpec]:
             add(JobSpec("mvfgad", cfg.ablation_K, seed))
         if "partition_random" in wanted:
             add(JobSpec("mvfgad", cfg.ablation_K, seed, "random"))
-        if "partition_metis" in wanted and metis_available():
+        if "partition_metis" in wanted:
             add(JobSpec("mvfgad", cfg.ablation_K, seed, "metis"))
     return jobs
 
@@ -180,15 +188,13 @@ def _loss_rows(spec: JobSpec, job, tags: dict) -> list[dict]:
 def train(ctx: RunContext) -> None:
     import pandas as pd
 
-    cfg = ctx.config
+    cfg = grid_config(ctx)
     graphs = {seed: build_graph(cfg, seed) for seed in sorted(set(cfg.seeds) | set(cfg.ablation_seeds))}
     first = graphs[cfg.seeds[0]][0]
     ctx.log(f"graph {dataset_name(cfg)}: {first.num_nodes} nodes, {first.edge_index.shape[1] // 2} edges, "
             f"{int(first.y.sum())} anomalies; groups {first.group_names[1:]}")
     if any(first.num_nodes / k > cfg.max_client_nodes for k in cfg.K):
         ctx.log(f"warning: clients above {cfg.max_client_nodes} nodes; dense N_k×N_k matrices will be large")
-    if "partition_metis" in cfg.variants and not metis_available():
-        ctx.log("note: pymetis is not installed; the partition_metis ablation is skipped")
     injections = []
     for seed, (_, rows, inject_id) in graphs.items():
         injections += [{**r, "seed": seed, "inject_id": inject_id} for r in rows]
@@ -370,7 +376,7 @@ def score_histogram(spec: JobSpec, job) -> list[dict]:
 def evaluate(ctx: RunContext) -> None:
     import pandas as pd
 
-    cfg = ctx.config
+    cfg = grid_config(ctx)
     jobs = job_grid(cfg)
     histogram_job = JobSpec("mvfgad", max(cfg.K), cfg.seeds[0])
     client_rows, histogram = [], []
