@@ -142,13 +142,13 @@ def train(ctx: RunContext) -> None:
         tokenizer = build_tokenizer()
         model = tiny_model(cfg, len(tokenizer), ctx.seed)
         state_path = ctx.checkpoints / "state.pt"
-        start, optimizer_state = 0, None
+        start, optimizer_state, pending = 0, None, []
         saved = (runstore.load_checkpoint(state_path)
                  if ctx.resumed and state_path.exists() and distributed.is_main() else None)
         saved = distributed.from_main(saved)  # under torchrun: rank 0's checkpoint, on every rank
         if saved is not None:
             model.load_state_dict(saved["model"])
-            start, optimizer_state = saved["step"], saved["optimizer"]
+            start, optimizer_state, pending = saved["step"], saved["optimizer"], saved.get("pending", [])
         ctx.log(f"tiny Llama: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}")
         val = generate_set(TASKS, cfg.val_per_task, ctx.seed, cfg.context_min, cfg.context_max, "val")
 
@@ -162,16 +162,16 @@ def train(ctx: RunContext) -> None:
             if "val_loss" in values:
                 ctx.log(f"  step {step}: " + ", ".join(f"{k} {v:.3f}" for k, v in values.items()))
 
-        def checkpoint(step: int, optimizer) -> None:
+        def checkpoint(step: int, optimizer, pending: list[float]) -> None:
             if not distributed.is_main():  # every rank holds the same state; rank 0 writes it
                 return
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                       state_path)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                        "pending": pending}, state_path)
 
         with (ctx.progress("training steps", cfg.steps - start) as advance, intra_op_threads(cfg.train_threads),
               distributed.ranks_stop_together()):  # torchrun: a rank that fails stops all with its line
             train_model(model, tokenizer, cfg, ctx.seed, ctx.device, val, start, optimizer_state, log, checkpoint,
-                        advance)
+                        advance, pending)
         model.config._attn_implementation = "eager"
         if distributed.is_main():
             model.save_pretrained(ctx.checkpoints / "model")

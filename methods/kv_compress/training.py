@@ -136,9 +136,11 @@ def rank_inputs(inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
 
 def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example], start_step: int,
                 optimizer_state: dict | None, on_log: Callable[[int, dict], None],
-                on_checkpoint: Callable[[int, torch.optim.Optimizer], None], advance: Callable[[float], None]):
+                on_checkpoint: Callable[[int, torch.optim.Optimizer, list[float]], None],
+                advance: Callable[[float], None], pending: list[float] | None = None):
     """Train from `start_step` to cfg.steps; batches depend on (seed, step) only, so a resumed run
-    sees the batches an uninterrupted one would. Under torchrun the model trains data-parallel
+    sees the batches an uninterrupted one would, and `pending` (the losses since the last train_loss row,
+    kept in the checkpoint) makes its next train_loss the same mean. Under torchrun the model trains data-parallel
     (cli/distributed.py): every rank builds each global batch and trains on its rows (`rank_inputs`);
     the logged losses are the global batch's, validation runs whole on every rank."""
     model.to(device).train()
@@ -146,7 +148,7 @@ def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example
     if optimizer_state is not None:
         optimizer.load_state_dict(optimizer_state)
     replicas = distributed.wrap(model)  # DistributedDataParallel under torchrun; the model itself otherwise
-    running = []
+    running = list(pending or [])
     for step in range(start_step, cfg.steps):
         inputs, loss_options = training_batch(tokenizer, cfg, seed, step), {}
         if distributed.is_replica(replicas):
@@ -167,6 +169,6 @@ def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example
         if done % cfg.val_every == 0 or done == cfg.steps:
             val_loss, exact = validate_model(model, tokenizer, val, device)
             on_log(done, {"val_loss": val_loss, **{f"val_exact_match/{t}": v for t, v in exact.items()}})
-            on_checkpoint(done, optimizer)
+            on_checkpoint(done, optimizer, list(running))
         advance(1)
     model.eval()
