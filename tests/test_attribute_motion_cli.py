@@ -12,15 +12,16 @@ import pytest
 
 from conftest import invoke
 
-ALL_SELECTORS = "motive,motive_dense,no_mask,indep_noise,no_length_norm,mean_agg,random,flow_magnitude,appearance_match"
+ALL_SELECTORS = ("motive,motive_dense,no_mask,indep_noise,no_length_norm,mean_agg,motive_frames,multi_draw,random,"
+                 "flow_magnitude,appearance_match")
 TINY = ["--preset", "smoke", "--set", "clips.n_pretrain=40", "--set", "clips.n_pool=30", "--set", "clips.n_queries=2",
         "--set", "clips.n_heldout=6", "--set", "unet.steps=4", "--set", "unet.batch_size=4",
         "--set", "unet.block_out_channels=8,16,16", "--set", "unet.sample_steps=2", "--set", "eval.evaluator_clips=40",
         "--set", "eval.evaluator_steps=3", "--set", "finetune.steps=2", "--set", "finetune.batch_size=4",
         "--set", "eval.n_videos=4", "--set", "attr.dim=32", "--set", "attr.cos_subset=6", "--set", "attr.chunk=8",
         "--set", f"selectors={ALL_SELECTORS}", "--set", "arms=motive,full,random", "--set", "attr.attr_seeds=0,1"]
-SPEC_METRICS = {"p_at_k", "ap", "appearance_outrank_rate", "decoy_rate", "length_spearman", "seed_spearman",
-                "proj_cos_err", "dynamic_degree", "motion_smoothness", "subject_consistency", "target_motion_acc",
+SPEC_METRICS = {"p_at_k", "ap", "appearance_outrank_rate", "pan_outrank_rate", "decoy_rate", "length_spearman",
+                "seed_spearman", "proj_cos_err", "dynamic_degree", "motion_smoothness", "subject_consistency", "target_motion_acc",
                 "win_rate_vs_base", "fm_loss_heldout", "featurize_s_per_clip", "finetune_s"}
 SCORE_COLUMNS = ["run_id", "variant", "attr_seed", "target_motion", "query_id", "clip_id", "score", "votes", "rank",
                  "selected", "motion", "shape", "colour", "background", "valid_len", "decoy_type"]
@@ -53,7 +54,8 @@ def test_every_spec_metric_and_tag_is_recorded(run):
     assert set(retrieval["variant"]) == set(ALL_SELECTORS.split(","))
     assert set(evaluated.loc[evaluated["metric"] == "p_at_k", "k"]) == {3, 10}  # the budget and 10
     seeds = evaluated[evaluated["metric"] == "seed_spearman"]
-    assert set(seeds["variant"]) == {"motive", "indep_noise", "mean_agg", "random"}
+    assert set(seeds["variant"]) == {"motive", "indep_noise", "mean_agg", "motive_frames", "no_length_norm", "multi_draw",
+                                     "random"}
     assert set(evaluated.loc[evaluated["metric"] == "proj_cos_err", "proj"]) == {"fastfood", "dense"}
     assert set(evaluated.loc[evaluated["metric"] == "target_motion_acc", "variant"]) == {"base", "motive", "full", "random"}
     nl = evaluated[(evaluated["variant"] == "no_length_norm") & (evaluated["metric"] == "ap")]
@@ -81,7 +83,7 @@ def test_scores_table_has_the_spec_columns_and_signed_selection(run):
 def test_full_arm_gets_the_same_step_budget_and_features_are_cached(run):
     features = list((run / "checkpoints" / "features").glob("*/*/meta.json"))
     groups = {p.parent.parent.name for p in features}
-    assert groups == {"motive", "no_mask", "indep_noise", "no_length_norm"}
+    assert groups == {"motive", "no_mask", "indep_noise", "multi_draw"}  # Z(x) needs no gradient pass of its own
     assert (run / "checkpoints" / "samples.npz").exists()
     before = {p: p.stat().st_mtime_ns for p in features}
     result = ok("attribute-motion", "select", run, "--variant", "motive", "--frac", "0.2", "--json")
@@ -177,12 +179,13 @@ def test_user_clip_folder_trains(tmp_path):
     np.save(root / "c0.npy", rng.random((6, 24, 24, 3)).astype(np.float32))  # float frames in [0, 1]
     code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--data", root, "--runs-dir", tmp_path / "r2"))
     lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
-    assert code == 1 and len(lines) == 1 and "expected uint8 RGB in 0..255" in lines[0] and "Traceback" not in err
+    assert code == 2 and len(lines) == 1 and "expected uint8 RGB in 0..255" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "r2").exists()  # found before the run exists
 
 
 @pytest.mark.parametrize("argv, code, message", [
     (["--set", "selectors=motive,oracle"], 2, "unknown selectors ['oracle']"),
-    (["--set", "attr.length_norm=sqrt"], 2, "attr.length_norm must be one of frames, mask_sum, none"),
+    (["--set", "attr.length_norm=sqrt"], 2, "attr.length_norm must be one of grad_norm, frames, mask_sum, none"),
     (["--set", "clips.targets=spin"], 2, "clips.targets ['spin']"),
     (["--set", "attr.patch=3"], 2, "attr.patch (3) must divide clips.size (16)"),
     (["--set", "attr.camera=global"], 2, "attr.camera must be median or none"),
@@ -212,7 +215,8 @@ def test_bad_data_folder_is_one_line(tmp_path):
     folder.mkdir()
     code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--data", folder, "--runs-dir", tmp_path / "runs"))
     lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
-    assert code == 1 and len(lines) == 1 and "captions.csv' is missing" in lines[0] and "Traceback" not in err
+    assert code == 2 and len(lines) == 1 and "captions.csv' is missing" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # found before the run exists
 
 
 def test_every_declared_claim_reads_two_arms_of_a_real_run(run):

@@ -3,7 +3,9 @@ Fastfood against its explicit matrix, the JL bound on cosines, motion masks, the
 shared randomness, length normalisation, aggregation and the retrieval metrics."""
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -14,6 +16,7 @@ from icml.data.videos import make_clip, random_spec
 from icml.methods.attribute_motion.attribution import (Setting, aggregate, average_precision, featurize,
                                                        influence, masked_fm_loss, normaliser, retrieval_metrics,
                                                        selection_flags, stacked_mask)
+from icml.methods.attribute_motion.config import LENGTH_NORMS
 from icml.methods.attribute_motion.flow import motion_mask
 from icml.methods.attribute_motion.model import build_unet, to_channels
 from icml.methods.attribute_motion.projection import DenseGaussian, Fastfood, fwht, next_pow2
@@ -157,61 +160,139 @@ def test_z_equalises_the_gradients_of_a_constructed_pair():
     for norm, ratio in (("none", 2.0), ("frames", 1.0)):
         g_a, g_b = grad(x_a, eps_a, mask_a, valid_a, norm), grad(x_b, eps_b, mask_b, valid_b, norm)
         assert torch.allclose(g_b, ratio * g_a, rtol=1e-4, atol=1e-6)
-        dots = influence(torch.stack([g_a, g_b]).double().numpy(), query, cosine=False)
+        dots = influence(torch.stack([g_a, g_b]).double().numpy(), query, z=np.ones(2))
         assert np.allclose(dots[1], ratio * dots[0], rtol=1e-4, atol=1e-8)
 
 
-def test_length_detrending_removes_exactly_the_linear_trend_in_frames():
-    from icml.methods.attribute_motion.attribution import length_detrended
+class FrameWise(torch.nn.Module):
+    """A denoiser that sees each frame alone (one 3 → 3 conv shared by the frames, scaled by t): a clip's
+    loss gradient is then the sum of its frames' gradients."""
 
-    rng = np.random.default_rng(0)
-    frames = rng.choice([3, 5, 7], 40)
-    base = rng.normal(size=(40, 3))
-    trended = base + np.outer(frames, [0.1, -0.2, 0.0])
-    out = length_detrended(trended, frames)
-    centred = frames - frames.mean()
-    assert np.allclose(centred @ out, 0, atol=1e-12)  # no linear trend in F is left, per query
-    # an added trend is removed exactly, up to its pool mean F̄·a
-    assert np.allclose(out - length_detrended(base, frames), frames.mean() * np.array([0.1, -0.2, 0.0]), atol=1e-12)
-    assert np.allclose(out.mean(0), trended.mean(0), atol=1e-12)  # the pool mean of each query is kept
-    same = np.full(40, 5)
-    assert np.array_equal(length_detrended(trended, same), trended)  # one length: nothing to correct
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+
+    def forward(self, x, t, class_labels=None):
+        n, c, h, w = x.shape
+        out = self.conv(x.reshape(n * c // 3, 3, h, w)).reshape(n, c, h, w) * (1 + t[:, None, None, None] / 1000)
+        return SimpleNamespace(sample=out)
 
 
-def test_identical_content_at_4_and_8_frames_scores_alike_on_the_real_model():
-    """The default UNet (spec config, 1.1 M attribution parameters, Fastfood D = 512): a pool of 6 orbit
-    and 6 other clips, each rendered at valid length 4 and, every other factor equal, at 8; 6 orbit queries
-    of random length. The plain cosine (`none`) scores one length of the same content well apart from the
-    other (a clip matches queries of its own frame support); the frame-length correction brings the two
-    renderings within a few per cent while keeping orbit clips above the others."""
-    import dataclasses
+def pipeline_scores(tmp_path, model, pool: list, queries: list, length_norm: str = "grad_norm") -> np.ndarray:
+    """Influence (pool, queries) of `motive` through the pipeline's scoring path (`selector_scores`: features,
+    influence and the frame-length correction), on clips held in memory."""
+    from icml.methods.attribute_motion.clips import ClipSets
+    from icml.methods.attribute_motion.config import preset
+    from icml.methods.attribute_motion.pipeline import selector_scores
 
-    from icml.methods.attribute_motion.attribution import length_detrended
+    cfg = preset("smoke")
+    cfg.selectors, cfg.attr.dim, cfg.attr.cos_subset = ["motive"], 32, 0
+    if length_norm in LENGTH_NORMS:  # the config of the code under test (before issue 47: frames, mask_sum, none)
+        cfg.attr.length_norm = length_norm
+    clips = pool + queries
+    table = pd.DataFrame({"clip_id": [f"c{i}" for i in range(len(clips))],
+                          "split": ["pool"] * len(pool) + ["query"] * len(queries),
+                          "query_target": [""] * len(pool) + ["orbit"] * len(queries)})
+    sets = ClipSets(np.stack([c.frames for c in clips]), np.stack([c.valid for c in clips]),
+                    np.stack([c.flow for c in clips]), np.array([c.prompt_id for c in clips]), table, True)
+    return selector_scores(tmp_path, cfg, model, sets, None, "motive", "orbit", 0)[0]
 
+
+def mixed_pool(seed: int = 3) -> list:
+    rng = np.random.default_rng(seed)
+    return [make_clip(random_spec(rng, m, valid_len=n)) for m, n in
+            (("static", 8), ("orbit", 4), ("right", 6), ("orbit", 8), ("jitter", 4), ("down", 8), ("bounce", 6))]
+
+
+@pytest.mark.parametrize("length_norm", ["grad_norm", "frames", "mask_sum", "none"])
+def test_a_clip_without_motion_scores_exactly_zero(tmp_path, length_norm):
+    """Issue 47: a pool-wide trend in frame count gave every static clip β·F̄ (0.031 on the smoke output);
+    an empty mask is a zero gradient, and its score must be exactly 0 against every query."""
+    pool = mixed_pool()
+    queries = [make_clip(random_spec(np.random.default_rng(11), "orbit", valid_len=n)) for n in (4, 8)]
+    scores = pipeline_scores(tmp_path, build_unet(8, 16, [8, 16, 16], 1, seed=0), pool, queries, length_norm)
+    assert np.all(scores[0] == 0.0)
+    assert np.all(scores[1:] != 0.0)
+
+
+@pytest.mark.parametrize("length_norm", ["grad_norm", "frames", "mask_sum"])
+def test_a_clips_score_does_not_depend_on_the_rest_of_the_pool(tmp_path, length_norm):
+    """The score of a pool clip is a function of that clip and the queries only: dropping half of the pool
+    or adding clips of other lengths leaves every remaining score unchanged."""
+    model = build_unet(8, 16, [8, 16, 16], 1, seed=0)
+    pool = mixed_pool()
+    queries = [make_clip(random_spec(np.random.default_rng(11), "orbit", valid_len=n)) for n in (6, 8)]
+    full = pipeline_scores(tmp_path / "full", model, pool, queries, length_norm)
+    keep = [1, 3, 5]
+    part = pipeline_scores(tmp_path / "part", model, [pool[i] for i in keep], queries, length_norm)
+    extra = [make_clip(random_spec(np.random.default_rng(4), m, valid_len=4)) for m in ("diagonal", "orbit", "static")]
+    more = pipeline_scores(tmp_path / "more", model, [pool[i] for i in keep] + extra, queries, length_norm)
+    assert np.allclose(part, full[keep], rtol=1e-6, atol=0)
+    assert np.allclose(more[:3], full[keep], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("length_norm, ratio", [("grad_norm", 1.0), ("frames", 1.0), ("mask_sum", 1.0), ("none", 2.0)])
+def test_the_same_motion_repeated_at_4_and_8_frames_scores_the_same(tmp_path, monkeypatch, length_norm, ratio):
+    """Clip B is clip A's 4 valid frames played twice (8 valid frames, the same flow and mask on the repeat),
+    under a frame-wise denoiser with the shared ε* repeated on the second half: B's gradient of ΣM⊙r² is
+    exactly twice A's, so under the clip's own normaliser (its gradient norm, valid frames or ΣM, all twice
+    A's) both clips score the same against every query (float32 rounding: 1e-5 relative), whatever the rest
+    of the pool holds; without one (Z = 1) B scores exactly twice A. The pool-wide length trend of before
+    issue 47 moved B away from A by β·ΔF."""
+    import icml.methods.attribute_motion.attribution as attribution
+
+    draws = attribution.noise_draws
+
+    def repeated_noise(*args, **kwargs):
+        t, eps = draws(*args, **kwargs)
+        eps = eps.clone()
+        eps[..., 12:, :, :] = eps[..., :12, :, :]  # frames 4–7 get frames 0–3's noise
+        return t, eps
+
+    monkeypatch.setattr(attribution, "noise_draws", repeated_noise)
+    torch.manual_seed(0)
+    model = FrameWise()
+    a = make_clip(random_spec(np.random.default_rng(5), "orbit", valid_len=4))
+    b = dataclasses.replace(a, frames=np.concatenate([a.frames[:4], a.frames[:4]]),
+                            flow=np.concatenate([a.flow[:4], a.flow[:4]]), valid=np.ones(8, dtype=a.valid.dtype))
+    rng = np.random.default_rng(6)
+    others = [make_clip(random_spec(rng, m, valid_len=n)) for m, n in (("right", 6), ("orbit", 8), ("down", 4))]
+    queries = [make_clip(random_spec(rng, "orbit", valid_len=n)) for n in (4, 6, 8)]
+    scores = pipeline_scores(tmp_path, model, [a, b] + others, queries, length_norm)
+    assert np.all(scores[0] != 0)
+    assert np.allclose(scores[1], ratio * scores[0], rtol=1e-5, atol=0)
+
+
+def test_on_the_stacked_unet_the_length_effect_is_a_query_length_interaction():
+    """The default UNet (spec config, random init, Fastfood D = 512): 6 orbit specs rendered at 4 and at 8 valid
+    frames (every other factor equal), 6 other clips, orbit queries 2 each at 4, 6 and 8 frames. A clip
+    matches queries of its own frame support: the 8-frame renderings score below the 4-frame ones against
+    4-frame queries and above them against 8-frame queries, so a per-clip Z(x) can only move the balance.
+    Over the balanced query set the cosine (`grad_norm`) keeps the two renderings within 25 % (README:
+    0.80–1.13 over three pools), and Z = valid frames tips it to the short clips."""
     model = build_unet(8, 16, [32, 64, 64], 1, seed=0)
     rng = np.random.default_rng(5)
-    queries = [make_clip(random_spec(rng, "orbit")) for _ in range(6)]
-    specs = [random_spec(rng, m, valid_len=8) for m in ["orbit"] * 6 + ["right", "down", "bounce", "jitter"] * 2][:12]
+    queries = [make_clip(random_spec(rng, "orbit", valid_len=n)) for n in (4, 4, 6, 6, 8, 8)]
+    others = ["right", "down", "bounce", "jitter", "diagonal", "static"]
+    specs = [random_spec(rng, m, valid_len=8) for m in ["orbit"] * 6 + others]
     pool = [make_clip(dataclasses.replace(s, valid_len=n)) for n in (4, 8) for s in specs]
     clips = queries + pool
     stack = lambda key: torch.as_tensor(np.stack([getattr(c, key) for c in clips]))  # noqa: E731
     feats = featurize(model, stack("frames"), stack("valid"), stack("flow"), torch.full((len(clips),), 21),
                       np.arange(len(clips)), Setting(), dim=512, proj_seed=0, chunk=len(clips), dense=False,
-                      cos_subset=0)
-    frames = feats["loss_frames"][6:]
-    assert frames[:6].tolist() == [3] * 6 and frames[12:18].tolist() == [7] * 6
-    plain = influence(feats["fastfood"][6:], feats["fastfood"][:6])
-    corrected = length_detrended(plain, frames)
+                      cos_subset=0)["fastfood"]
+    frames = normaliser(None, stack("valid")[6:], "frames").double().numpy()
 
-    def gap(scores):  # orbit at 8 frames vs the same orbits at 4, relative to their mean
-        short, long = scores[:6].mean(), scores[12:18].mean()
-        return abs(long - short) / ((long + short) / 2)
+    def long_over_short(scores, columns=slice(None)):  # the 8-frame renderings' mean over the 4-frame ones'
+        mean = scores[:, columns].mean(1)
+        return mean[12:18].mean() / mean[:6].mean()
 
-    assert gap(plain.mean(1)) > 0.1
-    assert gap(corrected.mean(1)) < 0.5 * gap(plain.mean(1))
-    orbit = np.r_[0:6, 12:18]
-    others = np.r_[6:12, 18:24]
-    assert corrected.mean(1)[orbit].mean() > corrected.mean(1)[others].mean()
+    cosine, per_frame = influence(feats[6:], feats[:6]), influence(feats[6:], feats[:6], z=frames)
+    assert long_over_short(cosine, slice(0, 2)) < 0.8 and long_over_short(cosine, slice(4, 6)) > 1.25
+    assert 0.75 < long_over_short(cosine) < 1.25
+    assert long_over_short(per_frame) < 0.75 * long_over_short(cosine)
+    orbit, others = cosine.mean(1)[np.r_[0:6, 12:18]], cosine.mean(1)[np.r_[6:12, 18:24]]
+    assert orbit.min() > others.max()
 
 
 def tiny_pool():
@@ -281,6 +362,9 @@ def test_retrieval_metrics_on_a_hand_made_pool():
     assert out["decoy_rate"] == 0.5  # the jitter clip is in the top 2
     # twin 1 (rank 2) vs orbit clips 0 (rank 0) and 2 (rank 3); twin 5 (rank 5) vs both: 1 of 4 pairs outranks
     assert out["appearance_outrank_rate"] == pytest.approx(0.25)
+    assert out["pan_outrank_rate"] == 0.0  # the pan (rank 4) is below both orbit clips (ranks 0, 3)
+    moved = retrieval_metrics(pool, np.array([0, 2, 3, 4, 1, 5]), score, "orbit", budget=2, ks=[1])
+    assert moved["pan_outrank_rate"] == 0.5  # now above orbit clip 2 (rank 3), still below clip 0
     assert average_precision(np.array([0.0, 0.0])) != average_precision(np.array([0.0, 0.0]))  # nan: no relevant
 
 
@@ -288,7 +372,11 @@ def test_influence_is_cosine_with_identity_preconditioner():
     pool = np.array([[3.0, 0.0], [1.0, 1.0]])
     queries = np.array([[10.0, 0.0]])
     assert np.allclose(influence(pool, queries)[:, 0], [1.0, 1 / math.sqrt(2)])
-    assert np.allclose(influence(pool, queries, cosine=False)[:, 0], [30.0, 10.0])
+    # a per-clip Z(x) instead of the clip's gradient norm: Pg(x)/Z(x) against the unit query
+    assert np.allclose(influence(pool, queries, z=np.ones(2))[:, 0], [3.0, 1.0])
+    assert np.allclose(influence(pool, queries, z=np.array([3.0, 0.5]))[:, 0], [1.0, 2.0])
+    for z in (None, np.array([4.0])):  # no motion, zero gradient: exactly 0 under either normaliser
+        assert np.array_equal(influence(np.zeros((1, 2)), queries, z=z), [[0.0]])
 
 
 def test_spearman_matches_scipy_with_ties():
@@ -358,7 +446,7 @@ def test_camera_compensation_keeps_object_motion_on_a_still_background():
 def test_gradient_over_k_draws_is_the_mean_of_the_single_draw_gradients():
     """draws=K: one backward pass on K copies equals the mean of K separate gradients at (t*, ε_k), and
     the first shared draw is the spec's (t*, ε*) of draws=1."""
-    from icml.methods.attribute_motion.attribution import noise_draws, per_clip_gradients, weighted_mask
+    from icml.methods.attribute_motion.attribution import noise_draws, per_clip_gradients, loss_space_mask
     from icml.methods.attribute_motion.model import timesteps_of, velocity
 
     model = build_unet(8, 16, [8, 16, 16], 1, seed=0)
@@ -370,7 +458,7 @@ def test_gradient_over_k_draws_is_the_mean_of_the_single_draw_gradients():
     assert torch.equal(eps3[0], eps3[3]) and not torch.allclose(eps3[0, 0], eps3[0, 1])  # shared by clips, not draws
     averaged = dict(per_clip_gradients(model, videos, valid, flow, labels, setting, np.arange(4)))
     params = [p for n, p in model.named_parameters() if not n.startswith("class_embedding")]
-    x0, masks = to_channels(videos), weighted_mask(flow, valid, setting)
+    x0, masks = to_channels(videos), loss_space_mask(flow, valid, setting)
     for i in (0, 1):
         singles = []
         for k in range(3):

@@ -181,6 +181,4 @@ def test_wan_pipeline_runs_train_eval_report_with_the_spec_metrics(wan_run):
     assert np.isfinite(evaluated.loc[evaluated["metric"] == "fm_loss_heldout", "value"]).all()
     features = list((wan_run / "checkpoints" / "features" / "motive").glob("*/fastfood.npy"))
     assert features and np.load(features[0]).shape == (30 + 2, 32)
-    meta = next((wan_run / "checkpoints" / "features" / "motive").glob("*/meta.json")).read_text()
-    assert max(__import__("json").loads(meta)["loss_frames"]) <= 3  # F counts latent frames (9 pixel frames → 3)
     assert (wan_run.parent.parent / "r.html").exists()

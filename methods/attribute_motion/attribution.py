@@ -1,9 +1,11 @@
 """Motive's attribution: masked flow-matching gradients at one shared (t*, ε*), projected, turned
-into cosine influence, aggregated over queries by majority vote, and scored as retrieval.
+into influence against unit query directions, aggregated over queries by majority vote, and scored
+as retrieval.
 
-A selector variant is a gradient `Setting` (mask on/off, shared or fresh noise, frame-length
-weights, number of draws, camera compensation) plus a projection (Fastfood or dense) and an
-aggregation (vote or mean); influence is always the cosine.
+A selector variant is a gradient `Setting` (mask on/off, shared or fresh noise, number of draws,
+camera compensation) plus a pool clip's normaliser Z(x) (`length_norm`: its own gradient norm, i.e.
+the cosine, or valid frames, ΣM or 1), a projection (Fastfood or dense) and an aggregation (vote or
+mean). Z(x) is the frame-length correction: one number per clip, never a fit over the pool.
 """
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ def stacked_mask(mask: torch.Tensor) -> torch.Tensor:
     return StackedFrames.loss_mask(mask)
 
 
-def normaliser(mask: torch.Tensor, valid: torch.Tensor, length_norm: str) -> torch.Tensor:
-    """Z(x) of L_mot per clip: valid frames (`frames`), ΣM (`mask_sum`) or 1 (`none`). A per-clip scalar, so
-    the cosine cancels it; the frame-length correction that acts is `attribution_units`."""
+def normaliser(mask: torch.Tensor | None, valid: torch.Tensor, length_norm: str) -> torch.Tensor:
+    """Z(x) of L_mot = Σ M ⊙ r² / Z(x) per clip: valid frames (`frames`), ΣM (`mask_sum`, needs the mask) or
+    1 (`none`). A per-clip scalar, and the gradient and its projection are linear, so `influence` divides the
+    projected gradient of Σ M ⊙ r² by it (the same number, one gradient pass for every `length_norm`)."""
     if length_norm == "frames":
         return valid.float().sum(1)
     if length_norm == "mask_sum":
         total = mask.sum((1, 2, 3))
         return torch.where(total > 0, total, torch.ones_like(total))  # an all-zero mask has zero loss anyway
-    return torch.ones(len(mask))
+    return torch.ones(len(valid))
 
 
 # gradients ---------------------------------------------------------------------------------------
@@ -53,7 +56,6 @@ class Setting:
 
     mask: bool = True
     shared_noise: bool = True
-    length_norm: str = "frames"
     prompt: str = "null"
     t_star: float = 0.75
     attr_seed: int = 0
@@ -64,7 +66,7 @@ class Setting:
 
     def key(self) -> str:
         return (f"s{self.attr_seed}_t{self.t_star:g}_mask{'on' if self.mask else 'off'}_p{self.patch}_"
-                f"{'shared' if self.shared_noise else 'indep'}_{self.length_norm}_{self.prompt}_k{self.draws}_"
+                f"{'shared' if self.shared_noise else 'indep'}_{self.prompt}_k{self.draws}_"
                 f"cam{self.camera}_fl{self.floor:g}")
 
 
@@ -93,14 +95,11 @@ def clip_masks(flow: torch.Tensor, valid: torch.Tensor, setting: Setting) -> tor
     return valid.float()[..., None, None].expand(n, t, h, w).clone()
 
 
-def weighted_mask(flow: torch.Tensor, valid: torch.Tensor, setting: Setting, space=None) -> torch.Tensor:
-    """M / Z(x) in the loss space: stacked (N, 3T, H, W) for the UNet, or on the Wan VAE's latent grid
-    (N, C, T', h, w), where the mask is pooled to the grid first (Z is the pixel clip's)."""
+def loss_space_mask(flow: torch.Tensor, valid: torch.Tensor, setting: Setting, space=None) -> torch.Tensor:
+    """M in the loss space: stacked (N, 3T, H, W) for the UNet, or on the Wan VAE's latent grid (N, C, T', h, w),
+    where the mask is pooled to the grid first. Z(x) is applied to the projected gradient (`influence`)."""
     space = space if space is not None else StackedFrames(None)
-    mask = clip_masks(flow, valid, setting)
-    loss_mask = space.loss_mask(mask)
-    z = normaliser(mask, valid, setting.length_norm)
-    return loss_mask / z.reshape(-1, *[1] * (loss_mask.dim() - 1))
+    return space.loss_mask(clip_masks(flow, valid, setting))
 
 
 def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids: np.ndarray):
@@ -117,7 +116,7 @@ def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids
     weights = [p for _, p in params]
     with torch.no_grad():
         x0 = space.encode(videos)
-    masks = weighted_mask(flow, valid, setting, space).to(x0.device)
+    masks = loss_space_mask(flow, valid, setting, space).to(x0.device)
     t, eps = noise_draws(setting, len(x0), tuple(x0.shape[1:]), ids)
     timesteps = timesteps_of(t)
     prompt = labels if setting.prompt == "own" else torch.full_like(labels, NULL_PROMPT)
@@ -138,7 +137,7 @@ def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids
 
 def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: int, proj_seed: int, chunk: int,
               dense: bool, cos_subset: int, progress=None) -> dict:
-    """Projected gradients of every clip: {'fastfood': (N, D), 'dense': (N, D) or None, 'loss_frames': (N,),
+    """Projected gradients of every clip: {'fastfood': (N, D), 'dense': (N, D) or None,
     'exact_cos' / 'fastfood_cos' / 'dense_cos' on the first `cos_subset` clips, and the
     seconds spent in gradients, Fastfood and the dense projection}."""
     space = as_space(model)
@@ -179,8 +178,7 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
             progress(1)
         tick = time.perf_counter()
     flush()
-    result = {"fastfood": out_ff.numpy(), "dense": None if out_dense is None else out_dense.numpy(),
-              "loss_frames": loss_frames(flow, valid, setting, space), **seconds}
+    result = {"fastfood": out_ff.numpy(), "dense": None if out_dense is None else out_dense.numpy(), **seconds}
     if subset:
         exact = torch.stack(subset)
         result["exact_cos"] = cosine_matrix(exact.double()).numpy()
@@ -188,33 +186,6 @@ def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: in
         if dense:
             result["dense_cos"] = cosine_matrix(out_dense[:len(subset)].double()).numpy()
     return result
-
-
-def loss_frames(flow: torch.Tensor, valid: torch.Tensor, setting: Setting, space=None) -> np.ndarray:
-    """F(x): the clip's frames that carry loss (valid, with a non-empty mask), the terms its gradient sums;
-    frames of the loss space (the Wan path counts latent frames)."""
-    space = space if space is not None else StackedFrames(None)
-    mass = space.frame_mass(weighted_mask(flow, valid, setting, space))
-    return (mass > 0).sum(1).numpy().astype(np.int64)
-
-
-def length_detrended(scores: np.ndarray, frames: np.ndarray) -> np.ndarray:
-    """The frame-length correction of `length_norm=frames`: per query, remove the part of the pool's
-    influence that is linear in F(x), the pool clip's frames that carry loss:
-    I(x, q) − β_q (F(x) − F̄), β_q the least-squares slope of I(·, q) on F over the pool.
-
-    Why here: a per-clip Z(x) in the loss is a scalar the cosine cancels, and in the stacked-frame model
-    the length effect is not one of gradient size but of frame support (which output frames carry loss,
-    which input frames are padding): a clip matches queries of its own length better (README, "Frame-length
-    correction", measured). A per-query trend over the pool removes that bias whatever its sign, without
-    rescaling the cosine. A pool of one length is left unchanged."""
-    frames = np.asarray(frames, dtype=np.float64)
-    centred = frames - frames.mean()
-    var = float((centred ** 2).sum())
-    if var == 0:
-        return scores
-    slope = centred @ scores / var  # (Q,)
-    return scores - centred[:, None] * slope[None, :]
 
 
 def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -229,12 +200,17 @@ def proj_cos_err(exact: np.ndarray, projected: np.ndarray) -> float:
 
 
 # influence and aggregation ----------------------------------------------------------------------------
-def influence(pool: np.ndarray, queries: np.ndarray, cosine: bool = True) -> np.ndarray:
-    """I (P, Q): ⟨u(x), u(q)⟩ with u = Pg/‖Pg‖ (identity preconditioner); raw dot products if not cosine."""
-    if cosine:
-        pool = pool / np.maximum(np.linalg.norm(pool, axis=1, keepdims=True), 1e-30)
-        queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-30)
-    return pool @ queries.T
+def influence(pool: np.ndarray, queries: np.ndarray, z: np.ndarray | None = None) -> np.ndarray:
+    """I (P, Q) = ⟨Pg(x) / Z(x), u(q)⟩ with the identity preconditioner and u(q) = Pg(q)/‖Pg(q)‖.
+
+    Z(x) is the pool clip's own normaliser: None → ‖Pg(x)‖, the cosine (`length_norm=grad_norm`); else the
+    given per-clip values (`normaliser`: valid frames, ΣM or 1). Either way a clip without motion (empty
+    mask, zero gradient) scores exactly 0 and a clip's score depends on no other pool clip. The query side
+    is a unit vector: a positive per-query scalar changes no query's ranking, and each query weighs the
+    same in the mean aggregation."""
+    queries = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-30)
+    scale = np.maximum(np.linalg.norm(pool, axis=1), 1e-30) if z is None else np.asarray(z, dtype=np.float64)
+    return (pool / scale[:, None]) @ queries.T
 
 
 def aggregate(scores: np.ndarray, budget: int, agg: str = "vote") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -291,6 +267,9 @@ def retrieval_metrics(pool: pd.DataFrame, rank: np.ndarray, score: np.ndarray, t
     same = relevant
     if same.sum() > 2 and pool.loc[same, "valid_len"].nunique() > 1:
         out["length_spearman"] = spearman(score[same], pool.loc[same, "valid_len"].to_numpy())
+    pans = (pool["decoy_type"] == "pan").to_numpy()
+    if pans.any() and relevant.any():  # pairs (pan decoy p, target-motion clip m) with p ranked above m
+        out["pan_outrank_rate"] = float((rank[pans][:, None] < rank[relevant][None, :]).mean())
     twins = np.flatnonzero((pool["decoy_type"] == "twin").to_numpy() & (pool["twin_target"] == target).to_numpy())
     if len(twins):
         better = []

@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from icml.cli import distributed
-from icml.data.videos import MOTIONS
 
-SELECTORS = ["motive", "motive_dense", "no_mask", "indep_noise", "no_length_norm", "mean_agg",
-             "random", "full", "flow_magnitude", "appearance_match"]
+SELECTORS = ["motive", "motive_dense", "no_mask", "indep_noise", "no_length_norm", "mean_agg", "motive_frames",
+             "multi_draw", "random", "full", "flow_magnitude", "appearance_match"]
 ARMS = ["motive", "no_mask", "random", "full", "flow_magnitude", "appearance_match"]
-LENGTH_NORMS = ("frames", "mask_sum", "none")
+LENGTH_NORMS = ("grad_norm", "frames", "mask_sum", "none")
 FLOWS = ("analytic", "lk", "hs", "farneback")
 
 
@@ -47,8 +46,9 @@ class ModelConfig:
 class AttrConfig:
     t_star: float = 0.75
     patch: int = 4
-    length_norm: str = "frames"  # frames (per-frame weights) | mask_sum | none (README: the frame-length correction)
+    length_norm: str = "grad_norm"  # a pool clip's Z(x): ‖Pg(x)‖ (the cosine) | frames | mask_sum (ΣM) | none (README)
     draws: int = 1  # shared (t, ε) draws each gradient is averaged over (the spec: one shared pair)
+    multi_draws: int = 4  # the draws of the `multi_draw` selector: motive's gradients averaged over this many
     camera: str = "median"  # subtract each frame's median flow (camera motion) before the mask: median | none
     flow_floor: float = 0.25  # px: compensated flow below this is not motion
     prompt: str = "null"  # null | own
@@ -212,6 +212,8 @@ def validate(cfg: AttributeMotionConfig) -> None:
         unknown = [v for v in values if v not in valid]
         if unknown:
             raise ValueError(f"unknown {key} {unknown}; valid: {', '.join(valid)}")
+    from icml.data.videos import MOTIONS  # here, not at the top: data.videos needs numpy, help does not
+
     unknown = [t for t in cfg.clips.targets if t not in MOTIONS or t == "static"]
     if unknown or not cfg.clips.targets:
         raise ValueError(f"clips.targets {cfg.clips.targets} must be moving motions from {', '.join(MOTIONS[1:])}")
@@ -244,7 +246,8 @@ def validate(cfg: AttributeMotionConfig) -> None:
         raise ValueError(f"unet.batch_size ({cfg.unet.batch_size}) does not split evenly over {ranks} torchrun ranks; "
                          f"use a multiple of {ranks}")
     for key in ("clips.n_pretrain", "clips.n_pool", "clips.n_queries", "clips.n_heldout", "unet.steps",
-                "unet.batch_size", "unet.sample_steps", "attr.dim", "attr.draws", "attr.patch", "attr.chunk", "attr.cos_subset",
+                "unet.batch_size", "unet.sample_steps", "attr.dim", "attr.draws", "attr.multi_draws", "attr.patch",
+                "attr.chunk", "attr.cos_subset",
                 "finetune.steps", "finetune.batch_size", "eval.n_videos", "eval.evaluator_clips",
                 "eval.evaluator_steps", "clips.frames", "clips.size"):
         section, name = key.split(".")
@@ -271,3 +274,16 @@ def spatial_factor(model: str) -> int:
     from pathlib import Path
 
     return json.loads((Path(model) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
+
+
+def check_inputs(cfg: AttributeMotionConfig) -> None:
+    """Before a run exists: the --data folder is read as the run reads it (captions.csv, every clip; video
+    files decoded into a temporary staging folder, which the run then decodes again into its own)."""
+    if cfg.data:
+        import tempfile
+        from pathlib import Path
+
+        from icml.methods.attribute_motion.clips import from_folder
+
+        with tempfile.TemporaryDirectory() as staging:
+            from_folder(cfg, 0, Path(staging))

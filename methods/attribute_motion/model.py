@@ -195,12 +195,6 @@ class StackedFrames:
         """(N, T, H, W) → (N, 3T, H, W): the same weight on the three colour channels of a frame."""
         return mask.repeat_interleave(3, dim=1)
 
-    @staticmethod
-    def frame_mass(loss_mask: torch.Tensor) -> torch.Tensor:
-        """Loss weight per frame (N, T) of a loss-space mask."""
-        n, tc, h, w = loss_mask.shape
-        return loss_mask.reshape(n, tc // 3, 3, h, w).sum((2, 3, 4))
-
     def condition(self, labels: torch.Tensor) -> torch.Tensor:
         return labels
 
@@ -220,8 +214,8 @@ def as_space(model):
 def masked_fm_loss(denoiser, x0: torch.Tensor, eps: torch.Tensor, timesteps: torch.Tensor, labels: torch.Tensor,
                    mask: torch.Tensor) -> torch.Tensor:
     """L_mot per clip = Σ M ⊙ (v_θ(x_t, t, c) − (ε − x₀))² over every non-batch axis (stacked clips (N, 3T, H, W)
-    or Wan latents (N, C, T', h, w)), x_t the scheduler's forward process at `timesteps` (1000·t); 1/Z(x) is
-    folded into M (`attribution.weighted_mask`).
+    or Wan latents (N, C, T', h, w)), x_t the scheduler's forward process at `timesteps` (1000·t); the per-clip
+    1/Z(x) is applied to the projected gradient (`attribution.influence`).
 
     The mask weights the loss; the network always sees the whole, unmasked x_t."""
     x_t = add_noise(x0, eps, timesteps)

@@ -22,12 +22,15 @@ from icml.cli import distributed
 from icml.cli.errors import IcmlError
 from icml.cli.lifecycle import RunContext
 
-GRADIENT_GROUPS = {"motive": "motive", "motive_dense": "motive", "mean_agg": "motive", "no_length_norm": "no_length_norm",
-                   "no_mask": "no_mask", "indep_noise": "indep_noise"}
+# motive's features scored again: another aggregation or another per-clip Z(x) (no gradient pass of their own)
+MOTIVE_RESCORED = ("mean_agg", "motive_frames", "no_length_norm")
+GRADIENT_GROUPS = {"motive": "motive", "motive_dense": "motive", **{v: "motive" for v in MOTIVE_RESCORED},
+                   "no_mask": "no_mask", "indep_noise": "indep_noise", "multi_draw": "multi_draw"}
 SEEDLESS = ("flow_magnitude", "appearance_match", "full")
-# Scored at the first attribution seed only: the dense projection, the unmasked and the unweighted
-# gradients are a full gradient pass each; seed stability is measured on motive and indep_noise (and their cheap kin).
-FIRST_SEED_ONLY = SEEDLESS + ("motive_dense", "no_mask", "no_length_norm")
+# Scored at the first attribution seed only: the dense projection and the unmasked gradients are a full
+# gradient pass each; seed stability is measured on motive, indep_noise, multi_draw (and motive's cheap kin).
+FIRST_SEED_ONLY = SEEDLESS + ("motive_dense", "no_mask")
+LENGTH_NORMS = {"no_length_norm": "none", "motive_frames": "frames"}  # else attr.length_norm
 
 
 # run files ---------------------------------------------------------------------------------------
@@ -147,14 +150,14 @@ def selector_setting(cfg, variant: str, attr_seed: int):
     from icml.methods.attribute_motion.attribution import Setting
 
     a = cfg.attr
-    setting = Setting(mask=True, shared_noise=True, length_norm=a.length_norm, prompt=a.prompt, t_star=a.t_star,
+    setting = Setting(mask=True, shared_noise=True, prompt=a.prompt, t_star=a.t_star,
                       attr_seed=attr_seed, patch=a.patch, draws=a.draws, camera=a.camera, floor=a.flow_floor)
     if variant == "no_mask":
         return replace(setting, mask=False)
     if variant == "indep_noise":
         return replace(setting, shared_noise=False)
-    if variant == "no_length_norm":  # motive without the frame-length weights, nothing else changed
-        return replace(setting, length_norm="none")
+    if variant == "multi_draw":  # motive's gradients averaged over attr.multi_draws shared (t*, ε) draws
+        return replace(setting, draws=a.multi_draws)
     return setting
 
 
@@ -186,7 +189,7 @@ def features(run_path: Path, cfg, model, sets, variant: str, attr_seed: int, *, 
         if meta["dense"] or not dense:
             out = {"fastfood": np.load(folder / "fastfood.npy", mmap_mode="r"),
                    "dense": np.load(folder / "dense.npy", mmap_mode="r") if meta["dense"] else None,
-                   "loss_frames": np.asarray(meta["loss_frames"]), **{k: meta[k] for k in meta if k.endswith("_s")}}
+                   **{k: meta[k] for k in meta if k.endswith("_s")}}
             for name in ("exact_cos", "fastfood_cos", "dense_cos"):
                 if (folder / f"{name}.npy").exists():
                     out[name] = np.load(folder / f"{name}.npy")
@@ -203,8 +206,7 @@ def features(run_path: Path, cfg, model, sets, variant: str, attr_seed: int, *, 
                                                shape=result[name].shape)
             memmap[:] = result[name]
             memmap.flush()
-    meta = {"dense": dense, "setting": setting.key(), "loss_frames": result["loss_frames"].tolist(),
-            **{k: result[k] for k in result if k.endswith("_s")}}
+    meta = {"dense": dense, "setting": setting.key(), **{k: result[k] for k in result if k.endswith("_s")}}
     meta_path.write_text(json.dumps(meta))
     result["cached"] = False
     return result
@@ -215,7 +217,7 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
     """Influence matrix (pool, queries) of a selector; info holds timing and the projection check."""
     import torch
 
-    from icml.methods.attribute_motion.attribution import featurize, influence, length_detrended, proj_cos_err
+    from icml.methods.attribute_motion.attribution import featurize, influence, proj_cos_err
     from icml.methods.attribute_motion.flow import patch_magnitude
     from icml.methods.attribute_motion.model import seed_of
     from icml.methods.attribute_motion.vbench import clip_appearance
@@ -244,7 +246,7 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
     feat = features(run_path, cfg, model, sets, variant, attr_seed, dense=dense, progress=progress)
     all_rows = np.concatenate([pool, sets.index("query")])
     proj = "dense" if variant == "motive_dense" else "fastfood"
-    projected, frames = np.asarray(feat[proj]), np.asarray(feat["loss_frames"])
+    projected = np.asarray(feat[proj])
     cached = set(all_rows.tolist())
     extra = np.array([r for r in queries if r not in cached], dtype=np.int64)
     if len(extra):  # user queries (select --queries DIR): same setting and projector, not cached
@@ -254,19 +256,37 @@ def selector_scores(run_path: Path, cfg, model, sets, appearance_net, variant: s
                          proj == "dense", 0)
         all_rows = np.concatenate([all_rows, extra])
         projected = np.concatenate([projected, more[proj]])
-        frames = np.concatenate([frames, more["loss_frames"]])
     position = {row: i for i, row in enumerate(all_rows)}
     take_pool = np.array([position[r] for r in pool])
     take_query = np.array([position[r] for r in queries])
-    scores = influence(projected[take_pool], projected[take_query])
-    if selector_setting(cfg, variant, attr_seed).length_norm == "frames":
-        scores = length_detrended(scores, frames[take_pool])
+    scores = influence(projected[take_pool], projected[take_query], pool_normaliser(cfg, sets, variant, attr_seed))
     grad_s, proj_s = feat.get("grad_s", 0.0), feat.get(f"{proj}_s", 0.0)
     info["featurize_s_per_clip"] = (grad_s + proj_s) / len(all_rows)
-    if variant != "mean_agg" and f"{proj}_cos" in feat and "exact_cos" in feat:  # not twice
+    if variant not in MOTIVE_RESCORED and f"{proj}_cos" in feat and "exact_cos" in feat:  # not twice
         info["proj_cos_err"] = proj_cos_err(np.asarray(feat["exact_cos"]), np.asarray(feat[f"{proj}_cos"]))
         info["cos_pairs"] = (np.asarray(feat["exact_cos"]), np.asarray(feat[f"{proj}_cos"]))
     return scores, info
+
+
+def length_norm_of(cfg, variant: str) -> str:
+    return LENGTH_NORMS.get(variant, cfg.attr.length_norm)
+
+
+def pool_normaliser(cfg, sets, variant: str, attr_seed: int) -> np.ndarray | None:
+    """Z(x) of every pool clip under the variant's length_norm (valid frames, ΣM or 1: the clip's own, never
+    the pool's); None for grad_norm, where `influence` divides by the clip's gradient norm (the cosine)."""
+    import torch
+
+    from icml.methods.attribute_motion.attribution import clip_masks, normaliser
+
+    norm = length_norm_of(cfg, variant)
+    if norm == "grad_norm":
+        return None
+    pool = sets.index("pool")
+    valid = torch.as_tensor(sets.valid[pool])
+    mask = (clip_masks(attribution_flow(cfg, sets, pool), valid, selector_setting(cfg, variant, attr_seed))
+            if norm == "mask_sum" else None)
+    return normaliser(mask, valid, norm).double().numpy()
 
 
 def score_rows(run_id: str, sets, variant: str, target: str, attr_seed: int, scores: np.ndarray, budget: int,
@@ -424,7 +444,7 @@ def tags(cfg, variant: str, target: str, attr_seed: int | None) -> dict:
     return {"variant": variant, "target_motion": target, "budget_frac": a.frac, "attr_seed": attr_seed,
             "proj": {"motive_dense": "dense"}.get(variant, "fastfood") if variant in GRADIENT_GROUPS else None,
             "dim": a.dim if variant in GRADIENT_GROUPS else None,
-            "length_norm": ("none" if variant == "no_length_norm" else a.length_norm) if variant in GRADIENT_GROUPS else None,
+            "length_norm": length_norm_of(cfg, variant) if variant in GRADIENT_GROUPS else None,
             "agg": agg_of(variant), "mask": ("off" if variant == "no_mask" else "on") if variant in GRADIENT_GROUPS else None}
 
 

@@ -15,7 +15,8 @@ Target = Annotated[Optional[str], typer.Option("--target", help="Target motion (
 Frac = Annotated[Optional[float], typer.Option("--frac", help="Budget as a share of the pool (default: the run's attr.frac).",
                                                show_default=False)]
 Variant = Annotated[str, typer.Option("--variant", help="Selector: motive, motive_dense, no_mask, indep_noise, "
-                                                         "no_length_norm, mean_agg, random, flow_magnitude, appearance_match.")]
+                                                         "no_length_norm, mean_agg, motive_frames, multi_draw, random, "
+                                                         "flow_magnitude, appearance_match.")]
 Queries = Annotated[str, typer.Option("--queries", help="auto (the run's queries of the target) or a folder of .mp4/.webm videos, "
                                                          ".npy/.npz clips or PNG frame folders.")]
 AttrSeed = Annotated[Optional[int], typer.Option("--attr-seed", help="Attribution seed (default: the first of attr.attr_seeds).",

@@ -116,11 +116,6 @@ class WanSpace:
         grid = latent_grid_mask(mask.float(), self.temporal, self.spatial)
         return grid[:, None].expand(-1, self.channels, -1, -1, -1)
 
-    @staticmethod
-    def frame_mass(loss_mask: torch.Tensor) -> torch.Tensor:
-        """Loss weight per latent frame (N, T')."""
-        return loss_mask.sum((1, 3, 4)).cpu()
-
     @torch.no_grad()
     def text(self, prompt_id: int) -> torch.Tensor:
         if prompt_id not in self._text:
