@@ -94,7 +94,7 @@ def test_bad_input_gets_one_line(icml, tmp_path):
     (tmp_path / "broken" / "0").mkdir(parents=True)
     (tmp_path / "broken" / "0" / "a.bin").write_bytes(b"\x07")
     result = icml("event-classify", "train", "--data", tmp_path / "broken", "--preset", "smoke")
-    assert result.code == 1 and "a.bin: no complete 5-byte event record" in result.err
+    assert result.code == 2 and "a.bin: no complete 5-byte event record" in result.err
     assert len([line for line in result.err.splitlines() if "error" in line]) == 1
 
 

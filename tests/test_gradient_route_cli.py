@@ -225,4 +225,4 @@ def test_bad_data_folder_is_one_line(icml, tmp_path):
     (tmp_path / "core" / "a.txt").write_text("x" * 50)
     result = icml("gradient-route", "train", *TINY, "--data", tmp_path)
     lines = [line for line in result.err.splitlines() if line.startswith("icml: error:")]
-    assert result.code == 1 and len(lines) == 1 and "no auxiliary domain folder" in lines[0]
+    assert result.code == 2 and len(lines) == 1 and "no auxiliary domain folder" in lines[0]

@@ -179,6 +179,6 @@ def test_bad_inputs(tmp_path):
     corrupt.write_text('{"prompt": "1 + 1 =", "answer": "2"}\n{"prompt": 3}\n')
     result = invoke("rl-sgd", "train", *TINY, "--data", corrupt, *runs)
     lines = [line for line in result.err.splitlines() if line.startswith("icml: error:")]
-    assert result.code == 1 and len(lines) == 1 and "line 2" in lines[0] and "Traceback" not in result.err
+    assert result.code == 2 and len(lines) == 1 and "line 2" in lines[0] and "Traceback" not in result.err
     result = invoke("rl-sgd", "train", *TINY, "--set", "reward=json:nothing_here", *runs)
     assert result.code == 1 and "has no callable 'nothing_here'" in result.err

@@ -176,6 +176,6 @@ def test_bad_user_file_is_one_line(icml, tmp_path, content, message):
     path = tmp_path / "bad.csv"
     path.write_text(content)
     result = icml("robust-sysid", "train", "--preset", "smoke", "--data", path)
-    assert result.code == 1
+    assert result.code == 2
     lines = [line for line in result.err.splitlines() if line.strip().startswith("icml: error")]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.err

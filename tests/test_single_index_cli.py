@@ -162,7 +162,7 @@ def test_bad_user_file_is_one_line(icml, tmp_path, content, message):
     path = tmp_path / "bad.csv"
     path.write_text(content)
     result = icml("single-index", "train", "--preset", "smoke", "--set", f"data.path={path}")
-    assert result.code == 1
+    assert result.code == 2
     lines = [line for line in result.err.splitlines() if line.startswith("icml: error")]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.err
 
@@ -171,4 +171,4 @@ def test_corrupt_npz_is_one_line(icml, tmp_path):
     path = tmp_path / "bad.npz"
     path.write_bytes(b"PK\x03\x04 not really a zip")
     result = icml("single-index", "train", "--preset", "smoke", "--set", f"data.path={path}")
-    assert result.code == 1 and "cannot be read" in result.err and "Traceback" not in result.err
+    assert result.code == 2 and "cannot be read" in result.err and "Traceback" not in result.err

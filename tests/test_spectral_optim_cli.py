@@ -114,4 +114,4 @@ def test_bad_inputs(icml, tmp_path):
     empty.write_text("")
     result = icml("spectral-optim", "train", *TINY, "--data", empty)
     lines = [line for line in result.err.splitlines() if line.startswith("icml: error:")]
-    assert result.code == 1 and len(lines) == 1 and "Traceback" not in result.err
+    assert result.code == 2 and len(lines) == 1 and "Traceback" not in result.err

@@ -39,6 +39,8 @@ def job(i, folder):
     return i
 
 if __name__ == "__main__":
+    import signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if our parent ignores it
     print("ready", flush=True)
     try:
         run_in_workers(2, [(i, job, (i, sys.argv[1])) for i in range(4)], lambda key, result: None)

@@ -22,7 +22,7 @@ import numpy as np
 
 from icml.cli.errors import IcmlError, UsageError
 from icml.cli.lifecycle import RunContext
-from icml.cli.runstore import atomic_torch_save
+from icml.cli.runstore import atomic_torch_save, load_checkpoint
 from icml.cli.workers import run_in_workers
 
 VIEW_ABLATIONS = ("view_attr", "view_smooth", "view_signed", "euclidean")
@@ -168,14 +168,42 @@ def job_path(ctx: RunContext, spec: JobSpec) -> Path:
 
 
 
-def _load(ctx: RunContext, spec: JobSpec):
+def _plain(value, to_tensor: bool):
+    """A job result's fields as tensors and plain containers (to_tensor) or back to numpy arrays: the job
+    file then loads with weights_only=True, and a run directory from elsewhere cannot run code."""
     import torch
+
+    if isinstance(value, dict):
+        return {k: _plain(v, to_tensor) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v, to_tensor) for v in value)
+    if to_tensor and isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if to_tensor and isinstance(value, np.generic):
+        return value.item()
+    if not to_tensor and isinstance(value, torch.Tensor):
+        return value.numpy()
+    return value
+
+
+def _save(job, path: Path) -> None:
+    import dataclasses
+
+    fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
+    checkpoint = fields.pop("checkpoint")  # model state dicts and node ids, exported as tensors: they stay tensors
+    atomic_torch_save({**_plain(fields, True), "checkpoint": _plain(checkpoint, True)}, path)
+
+
+def _load(ctx: RunContext, spec: JobSpec):
+    from icml.methods.fgad.algorithm import JobResult
 
     path = job_path(ctx, spec)
     if not path.exists():
         raise IcmlError(f"job result {path} is missing",
                         f"finish training: icml fgad train --resume {ctx.run.path}")
-    return torch.load(path, weights_only=False)
+    fields = load_checkpoint(path)
+    checkpoint = fields.pop("checkpoint")
+    return JobResult(**_plain(fields, False), checkpoint=checkpoint)
 
 
 # train -----------------------------------------------------------------------------------------------------
@@ -210,7 +238,7 @@ def train(ctx: RunContext) -> None:
     todo = [spec for spec in jobs if not job_path(ctx, spec).exists()]  # --resume: a job is the unit
 
     def done(spec: JobSpec, job):
-        atomic_torch_save(job, job_path(ctx, spec))
+        _save(job, job_path(ctx, spec))
         ctx.record(_loss_rows(spec, job, {**tags, "inject_id": graphs[spec.seed][2]}), split="train")
         for c, s in job.missing:
             ctx.log(f"warning: {spec.key}: client {c} has no anomaly in split {s} (too few anomalies to move)")

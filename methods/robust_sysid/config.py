@@ -181,8 +181,8 @@ def validate(cfg: RobustSysidConfig) -> None:
 
 
 def check_inputs(cfg: RobustSysidConfig) -> None:
-    """Before a run exists: the --data trajectory is read as the run reads it."""
+    """Before a run exists: the --data trajectory is read and cut into the fit as the run does it."""
     if cfg.data:
-        from icml.methods.robust_sysid.system import load_user_trajectory
+        from icml.methods.robust_sysid.system import load_user_trajectory, user_problem
 
-        load_user_trajectory(cfg.data)
+        user_problem(*load_user_trajectory(cfg.data), cfg.p)
