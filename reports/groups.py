@@ -173,7 +173,7 @@ def judge_claims(claims: list[Claim], frames: list[pd.DataFrame], better: dict) 
                     "a_mean": a_mean, "a_ci_low": a_low, "a_ci_high": a_high,
                     "b_mean": b_mean, "b_ci_low": b_low, "b_ci_high": b_high,
                     "pooled": "; ".join(f"mean over {tag} = {', '.join(map(str, values))}"
-                                        for tag, values in pooled.items()),
+                                        for tag, values in pooled.items() if values),
                     "verdict": error or (verdict(low, high, direction, diffs) if n == len(frames) else
                                          f"missing at {len(frames) - n} seed(s)" if n else "no rows")})
     return out
