@@ -180,12 +180,14 @@ def judge_claims(claims: list[Claim], frames: list[pd.DataFrame], better: dict) 
 
 
 def claims_table(claims: list[dict], seeds: list[int]) -> Table:
-    rows = [{"claim": c["claim"] + (f" ({c['pooled']})" if c.get("pooled") else ""), "a": c["a"], "b": c["b"], "claimed": c["expect"],
-             "a (mean ± CI)": _mean_text(c["a_mean"], c["a_ci_low"], c["a_ci_high"], ""),
-             "b (mean ± CI)": _mean_text(c["b_mean"], c["b_ci_low"], c["b_ci_high"], ""),
+    """One row per claim, its verdict and interval first (what a reader looks for), then the arms."""
+    rows = [{"claim": c["claim"] + (f" ({c['pooled']})" if c.get("pooled") else ""), "verdict": c["verdict"],
              "a − b": fmt(c["mean"], 3),
              "95 % interval": "–" if math.isnan(c["ci_low"]) else f"[{fmt(c['ci_low'], 3)}, {fmt(c['ci_high'], 3)}]",
-             "per seed": " / ".join(fmt(d, 3) for d in c["per_seed"]), "verdict": c["verdict"]}
+             "per seed": " / ".join(fmt(d, 3) for d in c["per_seed"]), "claimed": c["expect"],
+             "a": c["a"], "b": c["b"],
+             "a (mean ± CI)": _mean_text(c["a_mean"], c["a_ci_low"], c["a_ci_high"], ""),
+             "b (mean ± CI)": _mean_text(c["b_mean"], c["b_ci_low"], c["b_ci_high"], "")}
             for c in claims]
     return Table("claims (paired differences over seeds)", pd.DataFrame(rows),
                  note=f"{T_INTERVAL} of the per-seed difference a − b (seeds {', '.join(map(str, seeds))}); "

@@ -163,7 +163,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;p
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}caption{text-align:left;font-weight:600;padding:.3em 0}
 .smoke{background:#fff4d6;border:1px solid #e0b000;padding:.5em 1em}.facts td{text-align:left}
 figure{margin:1em 0}figcaption{font-weight:600}img{max-width:100%}.note{color:#666;font-style:italic}
-.scroll{overflow-x:auto;max-width:100%}.scroll table{margin-top:0}.scroll td{white-space:nowrap}nav ol{columns:2;padding-left:1.5em}
+.scroll{overflow-x:auto;max-width:100%}.scroll table{margin-top:0}.scroll td{white-space:nowrap}.scroll td:first-child{white-space:normal;min-width:12em;max-width:26em}nav ol{columns:2;padding-left:1.5em}
 nav li{margin:.1em 0}h2,h3{scroll-margin-top:.5em}a.top{font-size:.8em;font-weight:400;margin-left:.5em}"""
 
 
