@@ -108,6 +108,10 @@ def preset(name: str) -> CuriousAgentConfig:
         # 60k + 20k steps would take ~1 h of both cores, these budgets fit 15 min with 2 workers
         cfg.ppo.total_steps = 16_384
         cfg.ppo.n_envs = 16
+        # 4 epochs (125 Adam steps) left the agent nearly blind (4 distinct <obs> over 192 DoorKey states),
+        # so every LM arm had to learn perception during PPO; as the smoke preset, ~+40 CPU-s per (env, seed)
+        cfg.warmup.epochs = 32
+        cfg.warmup.lr = 3e-3
         cfg.arms = ["ppo", "ppo_rnd", "vagen_lite", "glance", "glance_no_reset"]
         cfg.coverage.env_id = "MiniGrid-FourRooms-v0"
         cfg.coverage.total_steps = 8_192
