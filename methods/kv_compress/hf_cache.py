@@ -146,7 +146,12 @@ def compressed_attention(module, query, key, value, attention_mask, dropout: flo
         N = query.shape[2]
         if attention_mask is not None and not bool(attention_mask[..., -N:].to(torch.bool).equal(
                 torch.ones(N, N, dtype=torch.bool, device=query.device).tril().expand_as(attention_mask[..., -N:]))):
-            raise ValueError("CompressedCache needs unpadded prompts: pass prompts of equal length (or one at a time)")
+            # generate() infers a mask from pad_token_id when the prompt holds that token, and chat templates
+            # do (SmolLM2: pad = <|im_end|>), so a single prompt can arrive "padded" in its middle
+            raise ValueError("CompressedCache: the attention mask hides prompt tokens (generate() masks every "
+                             "pad_token_id it finds, and chat templates contain it) — pass "
+                             "attention_mask=torch.ones_like(input_ids) for unpadded prompts, and batch prompts "
+                             "of equal length only")
         layer.record_prefill(query, key, scaling)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)

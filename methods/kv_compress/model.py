@@ -12,9 +12,8 @@ from pathlib import Path
 
 import torch
 
-from icml.cli.errors import UsageError
+from icml.methods.kv_compress.config import SUPPORTED_FAMILIES
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def quiet_transformers() -> None:
@@ -40,21 +39,12 @@ def tiny_model(cfg, vocab_size: int, seed: int):
 
 
 def load_checkpoint(path: str | Path):
-    """(model, tokenizer) of a local HF causal-LM directory, eager attention, eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) of a causal LM of SUPPORTED_FAMILIES (a directory, a .gguf file or a short
+    name), eager attention, eval mode."""
+    from icml.cli import checkpoints
 
-    quiet_transformers()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, attn_implementation="eager")
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"cannot load model '{path}' ({reason})",
-                         "pass a directory written by save_pretrained (weights, config and tokenizer)") from None
-    if model.config.model_type not in SUPPORTED:
-        raise UsageError(f"model '{path}' is a {model.config.model_type}; kv-compress supports "
-                         f"{', '.join(SUPPORTED)}", "use a RoPE + GQA decoder of those families")
-    return model.eval(), tokenizer
+    checkpoints.check(str(path), SUPPORTED_FAMILIES, "kv-compress")
+    return checkpoints.load_causal_lm(str(path), attn_implementation="eager")
 
 
 def sliding_window(config) -> int | None:

@@ -40,7 +40,9 @@ CORR_PAIRS = (("kv_retrieval", "aggregation", "alloc_corr_retrieval_aggregation"
 # ---------------------------------------------------------------------------------------------
 def model_key(cfg, override: str | None = None) -> str:
     path = override or cfg.model
-    return str(Path(path).resolve()) if path else TRAINED
+    if not path:
+        return TRAINED
+    return str(Path(path).resolve()) if Path(path).exists() else path  # a short name (smollm2-135m) as given
 
 
 def load_model(run_path: Path, cfg, override: str | None, device: str):

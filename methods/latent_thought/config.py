@@ -18,6 +18,10 @@ ARM_PATTERN = re.compile(r"^(vanilla_1x|vanilla_2x|pause_k1|loop_k1|ponderlm1_k1
                          r"(_noscale|_detach)?)$")
 
 
+# Decoders whose layers take (inputs_embeds, a 4-D slot mask, position ids) as Llama's do, with no
+# embedding scale of their own; each pinned at K = 0 against transformers' forward (tests)
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
 @dataclass
 class TinyLlamaConfig:
     """The spec's LlamaConfig of every arm; ignored when `model` points to a checkpoint."""
@@ -56,7 +60,7 @@ class LatentThoughtConfig:
     gen_bytes: int = 32  # generated tokens of the throughput measurement in eval
     gen_prompt: str = "def main():\n    "
     data: str | None = None  # a UTF-8 text file (--data); the last 5% (at a line boundary) validates
-    model: str | None = None  # a local Llama checkpoint directory (--model)
+    model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m)
     train_threads: int = 2
     tiny: TinyLlamaConfig = field(default_factory=TinyLlamaConfig)
 
@@ -127,15 +131,17 @@ def validate(cfg: LatentThoughtConfig) -> None:
         raise ValueError(f"tiny.rms_norm_eps must be positive, not {t.rms_norm_eps}")
     if cfg.data and not Path(cfg.data).is_file():
         raise ValueError(f"data '{cfg.data}' is not a file (expected a UTF-8 text file)")
-    if cfg.model and not (Path(cfg.model) / "config.json").is_file():
-        raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
-                         "save one with save_pretrained)")
     if cfg.model and any(a == "vanilla_2x" for a in cfg.arms):
         raise ValueError("vanilla_2x has no meaning with --model (the checkpoint fixes the depth): drop it from arms")
 
 
 def check_inputs(cfg: LatentThoughtConfig) -> None:
-    """Before a run exists: the --data text is read and split as the run reads it (UTF-8)."""
+    """Before a run exists: the --model checkpoint is of a family whose decoder the arms drive (headers
+    only), and the --data text is read and split as the run reads it (UTF-8)."""
+    if cfg.model:
+        from icml.cli import checkpoints
+
+        checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "latent-thought")
     if cfg.data:
         from icml.methods.latent_thought.data import file_corpus
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from transformers.utils import logging as hf_logging
 
@@ -98,9 +98,9 @@ class Solve:
 
 
 class ThoughtLM(nn.Module):
-    """A LlamaForCausalLM with the spec's arm kinds on top."""
+    """A causal LM of config.SUPPORTED_FAMILIES (Llama-style decoder) with the spec's arm kinds on top."""
 
-    def __init__(self, lm: LlamaForCausalLM, spec: ArmSpec, thought_scale: float = 1.0):
+    def __init__(self, lm, spec: ArmSpec, thought_scale: float = 1.0):
         super().__init__()
         self.lm, self.spec, self.thought_scale = lm, spec, thought_scale
         d = lm.config.hidden_size
@@ -268,7 +268,9 @@ def build_arm(spec: ArmSpec, tiny, seed: int, thought_scale: float = 1.0, model_
     """Same seed for every arm: the init draws in the same order (the 2x arm has more layers to draw)."""
     torch.manual_seed(seed)
     if model_path is not None:
-        lm = LlamaForCausalLM.from_pretrained(model_path, local_files_only=True, attn_implementation="eager")
+        from icml.cli import checkpoints
+
+        lm, _ = checkpoints.load_causal_lm(model_path, attn_implementation="eager")
     else:
         lm = LlamaForCausalLM(tiny_llama_config(tiny, tiny.layers * spec.depth, vocab))
         init_weights(lm)
@@ -292,7 +294,7 @@ def load_arm(directory: Path, device: str = "cpu") -> ThoughtLM:
         raise ValueError(f"'{directory}' has no {THOUGHT_KEY} settings in config.json: not a latent-thought arm")
     s = config[THOUGHT_KEY]
     spec = ArmSpec(s["arm"], s["kind"], s["K"], s["depth"], s["scaled"], s["detach"], s["extra"])
-    lm = LlamaForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation="eager")
+    lm = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, attn_implementation="eager")
     model = ThoughtLM(lm, spec, s["thought_scale"])
     if spec.kind == "pause":
         model.pause.data.copy_(torch.load(directory / "pause.pt", weights_only=True))

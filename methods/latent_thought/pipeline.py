@@ -35,7 +35,10 @@ def load_tokenizer(cfg):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(cfg.model, local_files_only=True)
+    from icml.cli import checkpoints
+
+    ckpt = checkpoints.resolve(cfg.model)
+    return AutoTokenizer.from_pretrained(*ckpt.args(), **ckpt.kwargs())
 
 
 def corpus_for(cfg):

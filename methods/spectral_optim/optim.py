@@ -12,8 +12,9 @@ and the position embedding, as in the paper's code); the rest are "vectors".
 Packed QKV weights are split into their Q, K and V blocks before Ψ_p, by the model's row layout
 (contiguous for GPT-2's c_attn, per head for GPT-NeoX/Pythia and Bloom), and HF GPT-2 `Conv1D`
 weights, stored (in, out), are transformed in their logical (out, in) orientation. Layouts come
-from the model: pass `model=` (or the model itself as `params`), or declare them; otherwise all
-matrices are read as `nn.Linear`-style (out, in).
+from the model, so every matrix must be a parameter of `model=` (or of the model passed as
+`params`): a bare tensor cannot tell whether it is a Conv1D weight or a fused QKV, and reading it
+as (out, in) would silently halve or double GPT-2's MLP updates and leave c_attn unsplit.
 """
 from __future__ import annotations
 
@@ -88,6 +89,14 @@ def param_layout(model: nn.Module) -> dict[str, str]:
     return layouts
 
 
+def parameters_of(model: nn.Module | None) -> dict[int, tuple[str, str]]:
+    """id(param) -> (qualified name, storage layout) of every parameter of `model` (tied: first name)."""
+    if model is None:
+        return {}
+    layouts = param_layout(model)
+    return {id(param): (name, layouts[name]) for name, param in model.named_parameters()}
+
+
 def _matches(name: str | None, patterns: Iterable[str]) -> bool:
     return name is not None and any(pattern in name for pattern in patterns)
 
@@ -151,14 +160,17 @@ class SpectralOptimizer(torch.optim.Optimizer):
     vectors; a group's `lr` sets both kinds' LR unless `lr_matrix` / `lr_vector` say otherwise, and
     `torch.optim.lr_scheduler` schedulers act per group. `add_param_group` takes the same dicts.
 
-    Names drive two rules, the fused-QKV split and `embeddings_as_vectors`; a tensor given without
-    a name takes its name from `model=` when it belongs to it. `model=` also gives the storage
-    layout (Conv1D weights are (in, out), `param_layout`) and, from its HF config, the fused QKV
-    row layout and head count (`model_qkv_layout`); `qkv_layout=` / `num_heads=` declare them for
-    other models. `qkv_blocks`: "matrix" (Q, K and V each transformed whole, the paper's split of
-    GPT-2) or "head" (each head's Q, K and V apart). An ablation variant (`AdamS_svd`,
-    `mSGDZ_nosplit`, `mSGDZ_embvec`) forces its keyword over the one passed. `lr_matrix` /
-    `lr_vector` default to the variant's peak LRs of the paper.
+    Every matrix (ndim ≥ 2) must be a parameter of the model: pass the model itself as `params`,
+    or `model=` with tensors, pairs or groups; a matrix without it is refused (ValueError), since a
+    bare tensor cannot say whether it is an HF Conv1D weight stored (in, out) or a fused QKV.
+    Vectors need no model. The model gives each matrix's storage layout, looked up by tensor
+    (Conv1D weights are (in, out), `param_layout`), and, from its HF config, the fused QKV row
+    layout and head count (`model_qkv_layout`); `qkv_layout=` / `num_heads=` declare them for
+    other models. Names drive two rules, the fused-QKV split and `embeddings_as_vectors`; a tensor
+    given without a name takes its name from the model. `qkv_blocks`: "matrix" (Q, K and V each
+    transformed whole, the paper's split of GPT-2) or "head" (each head's Q, K and V apart). An
+    ablation variant (`AdamS_svd`, `mSGDZ_nosplit`, `mSGDZ_embvec`) forces its keyword over the one
+    passed. `lr_matrix` / `lr_vector` default to the variant's peak LRs of the paper.
     """
 
     def __init__(self, params, variant: str, lr_matrix: float | None = None, lr_vector: float | None = None,
@@ -199,8 +211,8 @@ class SpectralOptimizer(torch.optim.Optimizer):
         if isinstance(params, nn.Module):
             model = params if model is None else model
             params = params.named_parameters()
-        self._layouts = param_layout(model) if model is not None else {}
-        self._names = {id(param): name for name, param in model.named_parameters()} if model is not None else {}
+        # Kept, not a snapshot of its parameters: add_param_group may add a layer built later.
+        self._model = model
         detected_layout, detected_heads = model_qkv_layout(model)
         self.qkv_layout = qkv_layout or detected_layout
         self.num_heads = num_heads or detected_heads
@@ -223,6 +235,7 @@ class SpectralOptimizer(torch.optim.Optimizer):
         lr_matrix = param_group.get("lr_matrix", param_group.get("lr", self._lr_matrix))
         lr_vector = param_group.get("lr_vector", param_group.get("lr", self._lr_vector))
         given_names = list(param_group.get("param_names") or [])
+        owned = parameters_of(self._model)
 
         matrices, matrix_names, matrix_layouts, qkv_layouts = [], [], [], []
         vectors, vector_names = [], []
@@ -232,16 +245,21 @@ class SpectralOptimizer(torch.optim.Optimizer):
                 given_names[k] if k < len(given_names) else None, entry)
             if not isinstance(param, torch.Tensor):
                 raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(param)}")
-            name = name if name is not None else self._names.get(id(param))
+            model_name, layout = owned.get(id(param), (None, None))
+            name = name if name is not None else model_name
             # named_parameters() already lists a tied weight once; a hand-built list may not.
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
+            if param.ndim >= 2 and layout is None:
+                label = f"'{name}'" if name else f"of shape {tuple(param.shape)}"
+                where = "is not a parameter of model=" if self._model is not None else "comes without model="
+                raise ValueError(f"matrix {label} {where}, so its layout (HF Conv1D (in, out), fused QKV) is "
+                                 "unknown: pass the model itself, SpectralOptimizer(model, ...), or model=model")
             if param.ndim < 2 or (self.embeddings_as_vectors and _matches(name, self.embedding_patterns)):
                 vectors.append(param)
                 vector_names.append(name or "")
                 continue
-            layout = self._layouts.get(name, "linear")
             matrices.append(param)
             matrix_names.append(name or "")
             matrix_layouts.append(layout)
@@ -261,10 +279,9 @@ class SpectralOptimizer(torch.optim.Optimizer):
         if not (self.split_qkv and _matches(name, self.qkv_patterns)):
             return "none"
         out_features, in_features = _logical_shape(param, layout)
-        if in_features == 3 * out_features and layout != "conv1d":
-            warnings.warn(f"'{name}' looks like a fused QKV stored (in, out) (a Conv1D?) but its "
-                          "layout is unknown, so it is not split: pass model= to SpectralOptimizer",
-                          stacklevel=4)
+        if in_features == 3 * out_features and layout == "other":
+            warnings.warn(f"'{name}' looks like a fused QKV stored (in, out), but its module is neither "
+                          "nn.Linear nor HF Conv1D, so it is not split", stacklevel=4)
             return "none"
         if out_features != 3 * in_features:  # grouped-query or multi-query fused weights: not three d×d
             return "none"

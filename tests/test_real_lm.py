@@ -1,0 +1,96 @@
+"""A real pretrained LM in the tests: SmolLM2-135M-Instruct (Llama family, `--model smollm2-135m`), loaded
+once per run by the `smollm2` fixture. Each method that drives a causal LM is checked on it where a real
+checkpoint matters: its neutral setting equals transformers' own computation, and a real behaviour
+(a greedy passkey retrieval) survives where the paper says it should."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from conftest import chat_ids
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ")
+
+
+def passkey_prompt(tokenizer, key: int, depth: float, repeats: int = 24):
+    """The classic passkey task in the chat format: ~{repeats}×18 tokens of filler, the key at `depth`."""
+    cut = int(repeats * depth)
+    text = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n"
+            + FILLER * cut + f"The pass key is {key}. Remember it. {key} is the pass key. "
+            + FILLER * (repeats - cut) + "\nWhat is the pass key?")
+    return chat_ids(tokenizer, text)
+
+
+def greedy(model, ids, max_new_tokens: int, cache=None) -> torch.Tensor:
+    kwargs = {} if cache is None else {"past_key_values": cache}
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, **kwargs)
+    return out[0, ids.shape[1]:]
+
+
+def test_smollm2_resolves_from_its_short_name_as_a_llama_gguf():
+    from icml.cli import checkpoints
+
+    ckpt = checkpoints.resolve("smollm2-135m")
+    assert (ckpt.model_type, ckpt.gguf_file) == ("llama", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_kv_compress_full_budget_is_plain_generate_and_a_passkey_survives_snapkv_at_30_percent(smollm2):
+    from icml.methods.kv_compress.hf_cache import ATTENTION, CompressedCache, register
+
+    model, tokenizer = smollm2
+    ids = passkey_prompt(tokenizer, 68231, depth=0.4)
+    assert 450 < ids.shape[1] < 800
+    plain = greedy(model, ids, 12)
+    assert "68231" in tokenizer.decode(plain)  # the model itself retrieves it (its chat format)
+    previous = model.config._attn_implementation
+    register()
+    model.set_attn_implementation(ATTENTION)
+    try:
+        full = greedy(model, ids, 12, CompressedCache(model, "full", ratio=1.0))
+        snapkv = greedy(model, ids, 12, CompressedCache(model, "snapkv", ratio=0.3))
+        streaming = greedy(model, ids, 12, CompressedCache(model, "streamingllm", ratio=0.1))
+    finally:
+        model.set_attn_implementation(previous)
+    assert torch.equal(full, plain)  # r = 1 keeps every entry: exactly the plain cache's greedy tokens
+    assert "68231" in tokenizer.decode(snapkv)
+    # the control: a recency window that cannot see the key at 40 % depth does not answer it
+    assert "68231" not in tokenizer.decode(streaming)
+
+
+def test_kv_compress_a_mask_that_hides_chat_tokens_is_refused_with_the_fix(smollm2):
+    """generate() infers `ids != pad_token_id` as the mask when pad differs from eos; a chat prompt holds
+    SmolLM2's pad (<|im_end|>) between turns, so one unpadded prompt arrives with holes in its mask."""
+    from icml.methods.kv_compress.hf_cache import ATTENTION, CompressedCache, register
+
+    model, tokenizer = smollm2
+    ids = passkey_prompt(tokenizer, 1234, depth=0.5, repeats=4)
+    inferred = ids.ne(tokenizer.pad_token_id).long()
+    assert not inferred[0, -1] == 0 and (inferred == 0).any()  # holes inside the prompt, none at its end
+    previous = model.config._attn_implementation
+    register()
+    model.set_attn_implementation(ATTENTION)
+    try:
+        with pytest.raises(ValueError, match=r"attention_mask=torch.ones_like\(input_ids\)"), torch.no_grad():
+            model.generate(ids, attention_mask=inferred, past_key_values=CompressedCache(model, "snapkv", ratio=0.3),
+                           max_new_tokens=2)
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def test_latent_thought_vanilla_at_k0_is_smollm2_s_own_forward(smollm2):
+    from icml.methods.latent_thought.model import ThoughtLM, arm_spec
+
+    model, tokenizer = smollm2
+    ids = chat_ids(tokenizer, "Name three colours of the rainbow.")
+    vanilla = ThoughtLM(model, arm_spec("vanilla_1x", scale=False))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        got = vanilla(ids)
+        thinking = ThoughtLM(model, arm_spec("ponderlm2_k1", scale=False))(ids, 1)
+    # same float32 ops up to the mask's form; logits of SmolLM2 reach ~30, so a few ulps are ~1e-5
+    assert torch.allclose(got, expected, rtol=0, atol=5e-5), (got - expected).abs().max()
+    assert thinking.shape == expected.shape and not torch.allclose(thinking, expected, atol=1e-2)
