@@ -72,7 +72,7 @@ def resolve(given: str, option: str = "--model") -> Checkpoint:
     if not model_type:
         raise UsageError(f"{option} '{given}': config.json has no model_type",
                          "give a transformers checkpoint (save_pretrained writes model_type)")
-    _check_weights(path, given, option)
+    check_weights(path, given, option)
     return Checkpoint(path, None, str(model_type), given)
 
 
@@ -145,13 +145,14 @@ def _installed(name: str, option: str) -> Checkpoint:
     return Checkpoint(path.parent, path.name, gguf_model_type(path, option), name)
 
 
-def _check_weights(path: Path, given: str, option: str) -> None:
-    """Weights present, and a safetensors file whole (its header's last offset = its data size)."""
+def check_weights(path: Path, given: str, option: str = "--model") -> None:
+    """A save_pretrained directory (transformers' or diffusers') holds weights, and every safetensors
+    file of it is whole (its header's last offset = its data size)."""
     present = [f for f in WEIGHT_FILES if (path / f).is_file()]
     if not present:
-        raise UsageError(f"{option} '{given}' has no weights ({' / '.join(WEIGHT_FILES[:3])})",
+        raise UsageError(f"{option} '{given}' has no weights in {path.name}/ ({' / '.join(WEIGHT_FILES[:3])})",
                          "save the model with save_pretrained into that directory")
-    files = [path / "model.safetensors"] if "model.safetensors" in present else []
+    files = [path / f for f in present if f.endswith(".safetensors")]
     if "model.safetensors.index.json" in present:
         try:
             index = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))

@@ -208,3 +208,42 @@ def test_garbage_data_is_one_line_and_exit_2_before_any_run(icml, tmp_path, name
         result = icml(name, "train", "--preset", "smoke", "--data", data)
         one_error_line(result)
         assert result.code == 2 and not (tmp_path / "runs").exists(), (data.name, result.err)
+
+
+def _takes_model():
+    from icml.cli import registry
+    from icml.cli.method_app import inputs_of
+
+    return [name for name in registry.METHODS if "model" in inputs_of(registry.get(name))]
+
+
+def _bad_checkpoints(tmp_path):
+    """An empty folder, a checkpoint of a family no method takes (BERT) with its tokenizer, and a Llama
+    checkpoint whose weights file is cut short."""
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    (tmp_path / "empty").mkdir()
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32)).save_pretrained(tmp_path / "bert")
+    words = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    words.save_pretrained(tmp_path / "bert")
+    LlamaForCausalLM(LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, intermediate_size=32)).save_pretrained(tmp_path / "cut")
+    words.save_pretrained(tmp_path / "cut")
+    weights = tmp_path / "cut" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return tmp_path / "empty", tmp_path / "bert", tmp_path / "cut"
+
+
+@pytest.mark.parametrize("name", _takes_model())
+def test_a_bad_model_is_one_line_and_exit_2_before_any_run(icml, tmp_path, name):
+    """Every method that takes --model reads the checkpoint's headers before the run exists: an empty
+    folder, a family the method does not drive, and truncated weights are one line, exit 2, no run."""
+    for model in _bad_checkpoints(tmp_path):
+        result = icml(name, "train", "--preset", "smoke", "--model", model)
+        one_error_line(result)
+        assert result.code == 2 and not (tmp_path / "runs").exists(), (model.name, result.err)

@@ -120,6 +120,7 @@ def test_bad_input_is_one_line(tmp_path):
              (["--set", "temperature=-1"], "temperature must be >= 0"),
              (["--set", "temperature=1", "--set", "top_p=0"], "top_p must be in (0, 1]"),
              (["--set", "top_p=0.9"], "top_p < 1 needs temperature > 0"),
+             (["--set", "atp_words=wait,Wait"], "ATP word 'Wait' cannot be written by the synthetic word tokenizer"),
              (["--model", tmp_path], "not a checkpoint directory")]
     for argv, message in cases:
         result = invoke("reason-stop", "train", *TINY, *argv, "--runs-dir", runs)

@@ -140,7 +140,7 @@ def test_probe_leaves_no_trace_in_the_cache(setup):
     rows, ids = [r.clone() for r in recorder.entropy], list(probed.ids)
     for position in ("before", "after"):
         cfg.probe_position = position
-        found = probe(probed, codec, cfg, atp_token=9)
+        found = probe(probed, codec, cfg, atp_ids=[9])
         assert found.tokens >= len(codec.probe_ids) + 1
         assert probed.cache.get_seq_length() == len(ids) and probed.ids == ids
         assert all(torch.equal(layer.keys, k) and torch.equal(layer.values, v)

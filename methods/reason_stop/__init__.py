@@ -2,7 +2,7 @@
 (ICML 2026, arXiv 2606.15070): probe confidence and the change of windowed attention entropy at
 action-transition points choose exit, logit injection, jump prompt or continue."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.reason_stop.config import VARIANTS, ReasonStopConfig, preset, validate
+from icml.methods.reason_stop.config import VARIANTS, ReasonStopConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="reason-stop",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=ReasonStopConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"lam": "float64", "alpha": "float64", "max_jumps": "int64", "inject_weight": "float64", "window": "int64"},
     metrics={"train_loss": LOWER, "val_loss": LOWER, "accuracy": HIGHER, "mean_tokens": LOWER,
              "compression_rate": LOWER, "probe_overhead_tokens": LOWER, "total_tokens": LOWER,

@@ -182,3 +182,25 @@ def validate(cfg: ReasonStopConfig) -> None:
     if cfg.model and not (Path(cfg.model) / "config.json").is_file():
         raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
                          "save one with save_pretrained)")
+
+
+def check_inputs(cfg: ReasonStopConfig) -> None:
+    """Before a run exists: every ATP word can be written by the tokenizer the run will use (the
+    --model checkpoint's, or the synthetic word vocabulary); one it cannot spell would never trigger."""
+    from icml.methods.reason_stop.controller import spells
+
+    if cfg.model:
+        from icml.methods.reason_stop.model import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.model)
+    else:
+        from icml.methods.reason_stop.data import build_tokenizer
+
+        tokenizer = build_tokenizer()
+    for word in (w.strip() for w in cfg.atp_words):
+        if not spells(tokenizer, word):
+            written = tokenizer.decode(tokenizer(word, add_special_tokens=False)["input_ids"])
+            source = f"the tokenizer of '{cfg.model}'" if cfg.model else "the synthetic word tokenizer"
+            raise ValueError(f"ATP word '{word}' cannot be written by {source} (it comes back as '{written}'), "
+                             "so it would never trigger — set atp_words to words of that vocabulary "
+                             "(--set atp_words=...)")

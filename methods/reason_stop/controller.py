@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from icml.cli.errors import UsageError
-from icml.methods.reason_stop.data import extract_answer, normalise_answer
+from icml.methods.reason_stop.data import extract_answer, normalise_answer, read_answer
 
 EXIT, FORCED_EXIT, INJECT, JUMP, CONTINUE = "exit", "forced_exit", "inject", "jump", "continue"
 ACTIONS = (EXIT, FORCED_EXIT, INJECT, JUMP, CONTINUE)
@@ -205,6 +205,13 @@ class AttentionRecorder:
 # ---------------------------------------------------------------------------------------------
 # Text ↔ ids of one model
 # ---------------------------------------------------------------------------------------------
+def spells(tokenizer, word: str) -> bool:
+    """Whether the tokenizer can write `word` at all (alone or after a space, as BPE vocabularies
+    store it): a word that encodes to `<unk>` could never be generated, so never trigger."""
+    return any(tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]).strip() == word
+               for text in (word, " " + word))
+
+
 class Codec:
     """The tokenizer side of the controller: prompts, controller strings, per-token words."""
 
@@ -214,6 +221,7 @@ class Codec:
         self.template = bool(getattr(tokenizer, "chat_template", None))
         self.boxed = cfg.data is not None  # problems of a --data file: answers from the last \boxed{}
         self.atp_words = {w.strip() for w in cfg.atp_words}
+        self.longest_atp = max(len(w.encode()) for w in self.atp_words)  # a token holds >= 1 byte of a word
         self.think_end = cfg.think_end.strip()
         self.terminator = cfg.probe_terminator.strip()
         eos = {tokenizer.eos_token_id}
@@ -234,6 +242,22 @@ class Codec:
         if token not in self._words:
             self._words[token] = self.tokenizer.decode([token]).strip()
         return self._words[token]
+
+    def atp_length(self, ids: list[int], start: int, token: int) -> int:
+        """How many tokens the ATP word that `token` completes spans, counting back into ids[start:]
+        (0: it completes none). A word the tokenizer splits (" Altern" + "atively") is matched on the
+        decoded text of the last k tokens: the fewest whose text, stripped of whitespace, is an ATP
+        word. The search stops as soon as that text is no longer the end of some ATP word, so an
+        ordinary token costs one cached look-up."""
+        text = self.word(token)
+        for k in range(1, min(len(ids) - start + 1, self.longest_atp) + 1):
+            if k > 1:
+                text = self.tokenizer.decode(ids[len(ids) - k + 1:] + [token]).strip()
+            if text in self.atp_words:
+                return k
+            if not text or not any(w.endswith(text) for w in self.atp_words):
+                return 0
+        return 0
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -346,16 +370,19 @@ class Probe:
     tokens: int  # probe-prompt + probe-answer tokens processed (overhead, never savings)
 
 
-def probe(session: Session, codec: Codec, cfg, atp_token: int) -> Probe:
-    """At an ATP: record the length, append the probe string (after the ATP token if
-    probe_position=after), greedy-decode the intermediate answer up to the terminator, C = mean of
-    its token probabilities; then roll the cache back to the recorded length."""
+def probe(session: Session, codec: Codec, cfg, atp_ids: list[int]) -> Probe:
+    """At an ATP: record the length, append the probe string (after the ATP word's tokens `atp_ids`
+    if probe_position=after), greedy-decode the intermediate answer until `read_answer` finds its
+    terminator outside the braces the answer opened (`\\frac{3}{4}}` ends at the last brace, as the
+    final answer is read), C = mean of the probabilities of the answer's tokens; then roll the cache
+    back to the recorded length."""
     base = session.length
     recorder = session.recorder
     recorder.active = False
     tokens = 0
+    text = ""  # the answer read so far
     try:
-        prefix = ([atp_token] if cfg.probe_position == "after" else []) + codec.probe_ids
+        prefix = (list(atp_ids) if cfg.probe_position == "after" else []) + codec.probe_ids
         logits = session.feed(prefix)
         tokens += len(prefix)
         answer, probs = [], []
@@ -363,20 +390,22 @@ def probe(session: Session, codec: Codec, cfg, atp_token: int) -> Probe:
             p = logits.softmax(-1)
             token = int(p.argmax())
             tokens += 1
-            word = codec.word(token)
-            if token in codec.eos or codec.terminator in word:
-                head = word.split(codec.terminator)[0] if token not in codec.eos else ""
-                if head.strip():  # "5}": the answer's last piece rides on the terminator token
+            if token in codec.eos:
+                break
+            read, closed = read_answer(codec.decode(answer + [token]), codec.terminator)
+            if closed:
+                if read.strip() != text.strip():  # "4}}": the answer's last piece rides on the terminator token
                     answer.append(token)
                     probs.append(float(p[token]))
+                    text = read
                 break
             answer.append(token)
             probs.append(float(p[token]))
+            text = read
             logits = session.feed([token])
     finally:
         session.roll_back(base)
         recorder.active = True
-    text = codec.decode(answer).split(codec.terminator)[0] if answer else ""
     confidence = sum(probs) / len(probs) if probs else 0.0  # no answer, no confidence
     return Probe(normalise_answer(text) if codec.boxed else (text.strip() or None), confidence, answer, probs,
                  tokens)
@@ -424,6 +453,7 @@ def generate(model, codec: Codec, recorder: AttentionRecorder, question: str, tr
     probe_tokens, jumps, h_first = 0, 0, math.nan
     reference, inject_left = None, None  # the injected distribution r and the steps it has left
     tail: list[int] = []  # a final <eos> that needs no forward pass
+    free_from = n_prompt  # an ATP word spans generated tokens only: not the prompt, a jump prompt or the last ATP word
     thinking, ended = not policy.nothinking, False
     while thinking and session.length - n_prompt < cfg.max_new_tokens:
         probs = decoder.distribution(logits)
@@ -433,26 +463,31 @@ def generate(model, codec: Codec, recorder: AttentionRecorder, question: str, tr
                 inject_left -= 1
                 reference = None if inject_left == 0 else reference
         token = decoder.pick(probs)
-        word = codec.word(token)
         if token in codec.eos:
             tail, thinking, ended = [token], False, True
             break
-        if word == codec.think_end:
+        if codec.word(token) == codec.think_end:
             logits = session.feed([token])
             thinking = False
             break
-        if word not in codec.atp_words:
+        span = codec.atp_length(session.ids, free_from, token)
+        if not span:
             logits = session.feed([token])
             continue
-        # an action-transition point: the ATP token is chosen but not yet appended
+        # an action-transition point: the ATP word's last token is chosen but not yet appended; the
+        # word's earlier tokens (a word the tokenizer splits) are taken back out, so the ATP sits
+        # where the word starts and the word is handled as one token would be
         i = len(events) + 1
-        atp_pos = session.length
+        atp_pos = session.length - (span - 1)
+        atp_ids = session.ids[atp_pos:] + [token]
+        session.roll_back(atp_pos)
+        word = codec.decode(atp_ids).strip()
         entropy = recorder.window_entropy(cur_start, atp_pos, cfg.window)
         a_prev, a_self = recorder.trap_stats(cur_start, atp_pos, cfg.trap_stat)
         trapped = bool(a_prev > a_self)  # NaN (no previous action) compares false
         h_first = entropy if i == 1 else h_first
         delta_h = math.nan if i == 1 else relative_change(entropy, h_first)
-        found = probe(session, codec, cfg, token) if policy.probes else None
+        found = probe(session, codec, cfg, atp_ids) if policy.probes else None
         correct = found is not None and found.answer is not None and found.answer == truth_norm
         action = decide(i, found.confidence if found else math.nan, delta_h, trapped, jumps, policy,
                         lam=cfg.lam, alpha=cfg.alpha, max_jumps=cfg.max_jumps, correct=correct)
@@ -473,17 +508,19 @@ def generate(model, codec: Codec, recorder: AttentionRecorder, question: str, tr
             thinking = False
             break
         prev_start, cur_start = cur_start, atp_pos  # the ATP (or the jump prompt) opens action i+1
-        prev_open, cur_open = cur_open, (len(codec.jump_ids) if action == JUMP else 1)
+        prev_open, cur_open = cur_open, (len(codec.jump_ids) if action == JUMP else len(atp_ids))
         recorder.bounds = (prev_start, cur_start)
         reference, inject_left = None, None
         if action == JUMP:
             jumps += 1
             logits = session.feed(codec.jump_ids)  # replaces the ATP word: the prompt opens with one
         else:
-            logits = session.feed([token])
+            for piece in atp_ids:  # one at a time as they were decoded: the same forward passes, now in action i+1
+                logits = session.feed([piece])
             if action == INJECT:
                 reference = answer_distribution(found.answer_ids, found.probs, logits.shape[-1])
                 inject_left = cfg.inject_tokens
+        free_from = session.length
     recorder.active = False  # the answer phase has no ATPs and needs no attention rows
     if not ended and not thinking:  # still thinking here: the budget ran out, no answer
         for _ in range(cfg.answer_max_tokens):

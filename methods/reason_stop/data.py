@@ -179,19 +179,28 @@ def load_jsonl(path: str | Path) -> list[Problem]:
     return problems
 
 
+def read_answer(text: str, terminator: str = "}") -> tuple[str, bool]:
+    """The answer at the start of `text`: the text before the first `terminator` that is not inside a
+    {…} group the answer opened itself, and whether that terminator came. With "}" it is brace
+    matching: `\\frac{3}{4}} …` reads `\\frac{3}{4}`, not `\\frac{3`. The one reader of the final
+    answer (`last_boxed`) and of the controller's probe answer, so the two never disagree."""
+    depth = 0
+    for i, char in enumerate(text):
+        if depth == 0 and text.startswith(terminator, i):
+            return text[:i], True
+        if char == "{":
+            depth += 1
+        elif char == "}" and depth:
+            depth -= 1
+    return text, False
+
+
 def last_boxed(text: str) -> str | None:
-    """The contents of the last \\boxed{…} (braces matched), or None."""
+    """The contents of the last \\boxed{…} (braces matched; unclosed: what there is), or None."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
-    depth, i = 1, start + len("\\boxed{")
-    begin = i
-    while i < len(text):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return text[begin:i]
-        i += 1
-    return text[begin:]  # unclosed: what there is
+    return read_answer(text[start + len("\\boxed{"):])[0]
 
 
 def normalise_answer(text: str | None) -> str | None:

@@ -36,17 +36,31 @@ def tiny_model(cfg, vocab_size: int, seed: int):
 def load_checkpoint(path: str | Path):
     """(model, tokenizer) of a local HF causal-LM directory with eager attention (the controller
     reads attention weights, which SDPA/flash kernels never materialise), in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     quiet_transformers()
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, attn_implementation="eager")
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"cannot load model '{path}' ({reason})",
-                         "pass a directory written by save_pretrained (weights, config and tokenizer)") from None
-    return model.eval(), tokenizer
+        raise _unloadable(path, exc) from None
+    return model.eval(), load_tokenizer(path)
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a local HF checkpoint directory (alone: check_inputs reads it before a run)."""
+    from transformers import AutoTokenizer
+
+    quiet_transformers()
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise _unloadable(path, exc) from None
+
+
+def _unloadable(path, exc: Exception) -> UsageError:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return UsageError(f"cannot load model '{path}' ({reason})",
+                      "pass a directory written by save_pretrained (weights, config and tokenizer)")
 
 
 # ---------------------------------------------------------------------------------------------
