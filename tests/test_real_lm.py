@@ -94,3 +94,60 @@ def test_latent_thought_vanilla_at_k0_is_smollm2_s_own_forward(smollm2):
     # same float32 ops up to the mask's form; logits of SmolLM2 reach ~30, so a few ulps are ~1e-5
     assert torch.allclose(got, expected, rtol=0, atol=5e-5), (got - expected).abs().max()
     assert thinking.shape == expected.shape and not torch.allclose(thinking, expected, atol=1e-2)
+
+
+def test_rl_sgd_one_grpo_step_on_smollm2_raises_the_advantaged_completions(smollm2):
+    """A GRPO step (SGD, the paper's RLVR optimizer) on real completions: the surrogate objective
+    Σ adv·log π over the batch's tokens rises, to first order in the step (lr small)."""
+    import copy
+
+    from icml.methods.rl_sgd.grpo import Rollout, build_optimizer, grpo_update
+    from icml.methods.rl_sgd.model import Prompts, completion_logprobs, encode_prompts, generate
+
+    model, tokenizer = smollm2
+    policy = copy.deepcopy(model).train()
+    prompts = encode_prompts(tokenizer, ["What is 2 + 3?", "What is 7 + 1?"], use_chat_template=True)
+    grouped = Prompts(prompts.ids.repeat_interleave(2, 0), prompts.mask.repeat_interleave(2, 0))
+    tokens, mask = generate(policy, grouped, 6, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                            generator=torch.Generator().manual_seed(0))
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    advantage = torch.tensor([1.0, -1.0, -1.0, 1.0])
+
+    def objective() -> float:
+        with torch.no_grad():
+            logp = completion_logprobs(policy, grouped, tokens, mask)
+        return float((advantage[:, None] * logp).sum())
+
+    before = objective()
+    stats = grpo_update(policy, build_optimizer("sgd", policy, 1e-3), Rollout(grouped, tokens, mask, rewards),
+                        clip_eps=0.2, ppo_epochs=1, std_eps=1e-4, skip_uniform_groups=True, grad_clip=1.0)
+    assert stats["grad_norm"] > 0 and objective() > before
+
+
+def test_spectral_optim_muon_update_of_smollm2_matrices_is_orthogonalised(smollm2):
+    """mSGDZ (Muon) on the real model's shapes (576×576 Q, 192×576 GQA K/V, 1536×576 MLP): each matrix's
+    update direction has the singular values Newton–Schulz gives, not the gradient's spread."""
+    import copy
+
+    from icml.methods.spectral_optim.optim import SpectralOptimizer
+
+    model, tokenizer = smollm2
+    lm = copy.deepcopy(model).train()
+    for name, p in lm.named_parameters():  # one layer's matrices: keep the test's work small
+        p.requires_grad_(name.startswith("model.layers.0."))
+    optimizer = SpectralOptimizer(lm, "mSGDZ", lr_matrix=1.0, lr_vector=0.0, weight_decay=0.0)
+    ids = chat_ids(tokenizer, "Say something about the sea.")
+    lm(input_ids=ids, labels=ids).loss.backward()
+    layer = lm.model.layers[0]
+    weights = {"q": layer.self_attn.q_proj.weight, "k": layer.self_attn.k_proj.weight,
+               "up": layer.mlp.up_proj.weight}
+    before = {key: w.detach().clone() for key, w in weights.items()}
+    grads = {key: w.grad.clone() for key, w in weights.items()}
+    optimizer.step()
+    for key, w in weights.items():
+        # the gradient of one short prompt has rank ≤ its tokens: compare on its k significant directions
+        spread = torch.linalg.svdvals(grads[key].double())
+        k = int((spread > 1e-3 * spread[0]).sum())
+        step = torch.linalg.svdvals((before[key] - w.detach()).double())[:k]
+        assert 5 <= k < min(w.shape) and spread[0] / spread[k - 1] > 10  # a real, ill-conditioned gradient
+        assert step.max() / step.min() < 3, (key, k, step.max(), step.min())  # flattened by Newton–Schulz

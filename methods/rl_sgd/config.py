@@ -17,6 +17,10 @@ WARM_STARTS = ("auto", "sft", "none")
 RANK_SOURCES = ("bf16", "fp32")
 
 
+# --model families the policy code drives (left-padded batches with explicit position ids), each
+# pinned against transformers' unpadded forward (tests)
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+
 @dataclass
 class Grids:
     """LR grids. Absolute LRs, except the arms of RELATIVE_TO: multipliers of that arm's best LR."""
@@ -84,7 +88,7 @@ class RlSgdConfig:
     log_every: int = 1  # train curves every N steps
     warm_start: str = "auto"  # auto: SFT for the tiny model, none for --model; sft | none
     data: str | None = None  # a user JSONL file of {"prompt", "answer"} (--data)
-    model: str | None = None  # a local causal-LM checkpoint directory (--model)
+    model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m)
     reward: str | None = None  # module:function (prompt, completion, answer) -> float
     use_chat_template: bool = False
     held_out_frac: float = 0.2  # of a user data file, kept for accuracy (capped at eval_problems)
@@ -166,9 +170,6 @@ def validate(cfg: RlSgdConfig) -> None:
         raise ValueError(f"held_out_frac must be in (0, 1), not {cfg.held_out_frac}")
     if cfg.data is not None and not Path(cfg.data).is_file():
         raise ValueError(f"data '{cfg.data}' is not a file (expected JSONL lines with \"prompt\" and \"answer\")")
-    if cfg.model is not None and not (Path(cfg.model) / "config.json").is_file():
-        raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
-                         "save one with save_pretrained)")
     if cfg.reward is not None and (cfg.reward.count(":") != 1 or not all(cfg.reward.split(":"))):
         raise ValueError(f"reward '{cfg.reward}' is not module:function (e.g. mypkg.rewards:exact)")
     s = cfg.sft
@@ -194,7 +195,12 @@ def validate(cfg: RlSgdConfig) -> None:
 
 
 def check_inputs(cfg: RlSgdConfig) -> None:
-    """Before a run exists: the --data JSONL is read as the run reads it (UTF-8, a prompt and answer per line)."""
+    """Before a run exists: the --model checkpoint's headers (family, weights, tokenizer), and the --data JSONL
+    is read as the run reads it (UTF-8, a prompt and answer per line)."""
+    if cfg.model is not None:
+        from icml.cli import checkpoints
+
+        checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "rl-sgd")
     if cfg.data:
         from icml.methods.rl_sgd.task import load_jsonl
 

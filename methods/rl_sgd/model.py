@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from icml.methods.rl_sgd.config import SUPPORTED_FAMILIES
+
 
 def tiny_llama(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
                max_position: int, special_ids: dict[str, int], init_seed: int):
@@ -27,23 +29,12 @@ def tiny_llama(vocab_size: int, hidden: int, layers: int, heads: int, kv_heads: 
 
 
 def load_policy(path: str | Path):
-    """(model, tokenizer) of a local checkpoint directory, fp32 master weights, never the network."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    """(model, tokenizer) of a --model checkpoint (directory, .gguf file or short name) of
+    SUPPORTED_FAMILIES, fp32 master weights, through the shared checkpoint path; never the network."""
+    from icml.cli import checkpoints
 
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"model '{path}' does not load as a causal LM ({reason}) — save one there with "
-                         "model.save_pretrained(DIR)") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"model '{path}' has no loadable tokenizer ({reason}) — save one next to the "
-                         "weights with tokenizer.save_pretrained(DIR)") from None
+    checkpoints.check(str(path), SUPPORTED_FAMILIES, "rl-sgd")
+    model, tokenizer = checkpoints.load_causal_lm(str(path))
     if tokenizer.eos_token_id is None:
         raise ValueError(f"model '{path}': its tokenizer has no eos token — completions could never end")
     if tokenizer.pad_token_id is None:

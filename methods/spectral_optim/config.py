@@ -14,6 +14,10 @@ ABLATIONS = ["AdamS_svd", "mSGDZ_nosplit", "mSGDZ_embvec"]
 CORPORA = ("generated", "stdlib", "file")
 
 
+# --model families whose matrices the optimizer lays out right: GPT-2 (Conv1D, contiguous fused QKV),
+# GPT-NeoX / Bloom (per-head fused QKV), and decoders with separate Q/K/V nn.Linear projections
+SUPPORTED_FAMILIES = ("gpt2", "gpt_neox", "bloom", "llama", "mistral", "qwen2", "qwen3")
+
 @dataclass
 class ModelConfig:
     """The tiny GPT-2 of the spec (~0.8M parameters); ignored when `model` points to a checkpoint."""
@@ -45,7 +49,7 @@ class SpectralOptimConfig:
     corpus: str = "generated"  # generated | stdlib | file (`--data FILE.txt` sets file)
     corpus_chars: int = 2_000_000  # size of the generated corpus
     data: str | None = None  # a user text file (--data)
-    model: str | None = None  # a local causal-LM checkpoint directory (--model)
+    model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m)
     train_log_every: int = 10
     val_every: int = 50
     val_batches: int = 8  # batches per val_loss during training
@@ -105,12 +109,6 @@ def validate(cfg: SpectralOptimConfig) -> None:
         if not Path(cfg.data).is_file():
             raise ValueError(f"data '{cfg.data}' is not a file (expected a UTF-8 text file)")
         cfg.corpus = "file"
-    if cfg.model:
-        from pathlib import Path
-
-        if not (Path(cfg.model) / "config.json").is_file():
-            raise ValueError(f"model '{cfg.model}' is not a checkpoint directory (no config.json; "
-                             "save one with save_pretrained)")
     if len(cfg.betas) != 2 or not all(0 <= b < 1 for b in cfg.betas):
         raise ValueError(f"betas must be two numbers in [0, 1), not {cfg.betas}")
     if not cfg.lr_multipliers or any(m <= 0 for m in cfg.lr_multipliers):
@@ -132,7 +130,12 @@ def validate(cfg: SpectralOptimConfig) -> None:
 
 
 def check_inputs(cfg: SpectralOptimConfig) -> None:
-    """Before a run exists: the --data corpus is read (UTF-8, not empty) as the run reads it."""
+    """Before a run exists: the --model checkpoint's headers (family, weights, tokenizer), and the --data
+    corpus is read (UTF-8, not empty) as the run reads it."""
+    if cfg.model:
+        from icml.cli import checkpoints
+
+        checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "spectral-optim")
     if cfg.data:
         from icml.methods.spectral_optim.data import read_text_file
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from icml.methods.spectral_optim.config import SUPPORTED_FAMILIES
+
 
 def tiny_gpt2(n_embd: int, n_layer: int, n_head: int, n_positions: int, vocab_size: int, init_seed: int):
     """The spec's GPT-2 (~0.8M parameters at 128/4/4/128 and a ~50-70 character vocabulary):
@@ -33,31 +35,12 @@ def tiny_gpt2(n_embd: int, n_layer: int, n_head: int, n_positions: int, vocab_si
 
 
 def load_causal_lm(path: str | Path):
-    """(model, tokenizer) of a local checkpoint directory saved with `save_pretrained`; never
-    touches the network. One-line ValueErrors name what is missing and how to fix it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    """(model, tokenizer) of a --model checkpoint (directory, .gguf file or short name) of
+    SUPPORTED_FAMILIES, through the shared checkpoint path; never touches the network."""
+    from icml.cli import checkpoints
 
-    hf_logging.disable_progress_bar()  # the CLI draws its own progress; keep stderr to one line per event
-    path = Path(path)
-    if not path.is_dir():
-        raise ValueError(f"model '{path}' is not a directory — pass a checkpoint directory saved with "
-                         "save_pretrained")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model '{path}' has no config.json — save the model there with "
-                         "model.save_pretrained(DIR)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"model '{path}' does not load as a causal LM ({reason}) — save a causal LM "
-                         "there with model.save_pretrained(DIR)") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"model '{path}' has no loadable tokenizer ({reason}) — save one next to the "
-                         "weights with tokenizer.save_pretrained(DIR)") from None
+    checkpoints.check(str(path), SUPPORTED_FAMILIES, "spectral-optim")
+    model, tokenizer = checkpoints.load_causal_lm(str(path))
     # transformers builds an empty tokenizer from the config alone when the directory holds no
     # tokenizer files: it loads, but encodes every text to nothing
     if not tokenizer("The quick brown fox.", add_special_tokens=False)["input_ids"]:
