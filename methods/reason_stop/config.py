@@ -23,6 +23,9 @@ REAL_EXIT = "\n</think>\n\n"
 REAL_JUMP = "Wait, my previous reasoning is not correct. I should adopt a more concise and different approach."
 
 
+# --model families: decoders whose eager attention returns the weights the controller reads
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
 @dataclass
 class TinyModelConfig:
     """The tiny Llama of the spec (~0.6M parameters); ignored when `model` points to a checkpoint."""
@@ -87,7 +90,7 @@ class ReasonStopConfig:
     train_micro_batch: int = 4  # traces per length-sorted micro-batch of a step (same loss and gradient; README)
     train_log_every: int = 50
     val_every: int = 250
-    model: str | None = None  # a local HF causal-LM checkpoint (--model): no training
+    model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m): no training
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -190,8 +193,10 @@ def check_inputs(cfg: ReasonStopConfig) -> None:
     from icml.methods.reason_stop.controller import spells
 
     if cfg.model:
+        from icml.cli import checkpoints
         from icml.methods.reason_stop.model import load_tokenizer
 
+        checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "reason-stop")
         tokenizer = load_tokenizer(cfg.model)
     else:
         from icml.methods.reason_stop.data import build_tokenizer

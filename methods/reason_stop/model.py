@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from icml.cli.errors import UsageError
+from icml.methods.reason_stop.config import SUPPORTED_FAMILIES
 
 
 def quiet_transformers() -> None:
@@ -36,31 +37,26 @@ def tiny_model(cfg, vocab_size: int, seed: int):
 def load_checkpoint(path: str | Path):
     """(model, tokenizer) of a local HF causal-LM directory with eager attention (the controller
     reads attention weights, which SDPA/flash kernels never materialise), in eval mode."""
-    from transformers import AutoModelForCausalLM
+    from icml.cli import checkpoints
 
-    quiet_transformers()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, attn_implementation="eager")
-    except (OSError, ValueError) as exc:
-        raise _unloadable(path, exc) from None
-    return model.eval(), load_tokenizer(path)
+    checkpoints.check(str(path), SUPPORTED_FAMILIES, "reason-stop")
+    return checkpoints.load_causal_lm(str(path), attn_implementation="eager")
 
 
 def load_tokenizer(path: str | Path):
     """The tokenizer of a local HF checkpoint directory (alone: check_inputs reads it before a run)."""
     from transformers import AutoTokenizer
 
+    from icml.cli import checkpoints
+
     quiet_transformers()
+    ckpt = checkpoints.resolve(str(path))
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(*ckpt.args(), **ckpt.kwargs())
     except (OSError, ValueError) as exc:
-        raise _unloadable(path, exc) from None
-
-
-def _unloadable(path, exc: Exception) -> UsageError:
-    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return UsageError(f"cannot load model '{path}' ({reason})",
-                      "pass a directory written by save_pretrained (weights, config and tokenizer)")
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"cannot load the tokenizer of model '{path}' ({reason})",
+                         "save it beside the weights (tokenizer.save_pretrained(DIR))") from None
 
 
 # ---------------------------------------------------------------------------------------------
