@@ -151,3 +151,30 @@ def test_spectral_optim_muon_update_of_smollm2_matrices_is_orthogonalised(smollm
         step = torch.linalg.svdvals((before[key] - w.detach()).double())[:k]
         assert 5 <= k < min(w.shape) and spread[0] / spread[k - 1] > 10  # a real, ill-conditioned gradient
         assert step.max() / step.min() < 3, (key, k, step.max(), step.min())  # flattened by Newton–Schulz
+
+
+def test_reason_stop_controller_on_smollm2_is_greedy_decoding_when_it_never_exits(smollm2):
+    """The controller's own decoding loop on a real model: vanilla is transformers' greedy generate() of
+    the same prompt, and DEER with a threshold it cannot reach (λ > 1) probes without changing the trace."""
+    import dataclasses
+
+    from icml.methods.reason_stop.config import preset
+    from icml.methods.reason_stop.controller import AttentionRecorder, Codec, generate
+
+    model, tokenizer = smollm2
+    cfg = dataclasses.replace(preset("smoke"), max_new_tokens=24, atp_words=["So", "Wait"])
+    question = "A shop sells pens at 3 dollars each. How much do 4 pens cost?"
+    codec = Codec(tokenizer, model, cfg)
+    recorder = AttentionRecorder(model, cfg.n_last_layers)
+    try:
+        vanilla = generate(model, codec, recorder, question, "12", "vanilla", cfg, "cpu")
+        deer = generate(model, codec, recorder, question, "12", "deer", dataclasses.replace(cfg, lam=1.1), "cpu")
+    finally:
+        recorder.remove()
+    prompt = codec.prompt_ids(question, False)
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                   max_new_tokens=cfg.max_new_tokens, do_sample=False)[0, len(prompt):].tolist()
+    assert vanilla.output_ids == reference[:len(vanilla.output_ids)] and len(vanilla.output_ids) >= 8
+    assert deer.output_ids == vanilla.output_ids
+    assert deer.n_atp == vanilla.n_atp and deer.probe_tokens > 0 or deer.n_atp == 0
