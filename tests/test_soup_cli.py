@@ -184,7 +184,8 @@ def test_plain_vit_refuses_mae_and_user_folders_run(icml, tmp_path):
                        num_attention_heads=2, intermediate_size=32)).save_pretrained(vit)
     result = icml("soup", "train", *TINY, "--model", str(vit))
     lines = [line for line in result.err.splitlines() if line.startswith("icml: error:")]
-    assert result.code == 1 and len(lines) == 1 and "plain ViT" in lines[0] and "Traceback" not in result.err
+    assert result.code == 2 and len(lines) == 1 and "plain ViT" in lines[0] and "Traceback" not in result.err
+    assert not (tmp_path / "runs").exists()  # refused from the headers, before a run directory exists
     rng = np.random.default_rng(0)
     for c in ("a", "b"):
         for i in range(6):
@@ -220,7 +221,7 @@ def test_corrupt_checkpoint_and_malformed_config_name_the_file(icml, tmp_path):
     (corrupt / "model.safetensors").write_bytes(b"\xff" * 64)  # a garbled header
     (malformed / "config.json").write_text('{"model_type": "vit_mae", ')
     line = one_error_line(icml("soup", "train", *TINY, "--model", str(corrupt)))
-    assert str(corrupt / "model.safetensors") in line and "corrupt" in line and "save_pretrained" in line
+    assert str(corrupt) in line and "model.safetensors is corrupt" in line and "save or download" in line
     line = one_error_line(icml("soup", "train", *TINY, "--model", str(malformed)))
     assert str(malformed / "config.json") in line and "not valid JSON" in line and "line 1" in line
 

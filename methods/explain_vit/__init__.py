@@ -3,7 +3,7 @@ map (ICML 2026, arXiv 2602.06613): the effective-transformation pass (attention,
 Reynolds averaging over local warps, a noise schedule, MAD aggregation and post-processing, against the
 standard attribution baselines with localisation, faithfulness, stability and lattice-artefact metrics."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.explain_vit.config import ARMS, ExplainVitConfig, preset, validate
+from icml.methods.explain_vit.config import ARMS, ExplainVitConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="explain-vit",
@@ -15,6 +15,7 @@ METHOD = Method(
     config=ExplainVitConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"model": "string", "n_samples": "int64", "alpha_max": "float64", "input": "string",
           "direction": "string", "fill": "string", "shift_px": "int64", "class_name": "string"},
     metrics={"grid_pg": HIGHER, "energy_pg": HIGHER, "pointing_game": HIGHER, "pixel_auroc": HIGHER,

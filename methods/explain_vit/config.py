@@ -1,8 +1,9 @@
 """Configuration of `icml explain-vit`: nested dataclasses with the spec's defaults, three presets and a
 one-line validator. No torch here: help and listing import this module.
 
-`--model DIR` sets `model` (a local ViTForImageClassification checkpoint, loaded with from_pretrained);
-`--data DIR` sets `data` (a folder of images, optional `<stem>_mask.png` masks and a `labels.csv`).
+`--model DIR` sets `model` (a local ViTForImageClassification checkpoint, loaded with from_pretrained;
+`check_model` reads its headers before a run exists); `--data DIR` sets `data` (a folder of images,
+optional `<stem>_mask.png` masks and a `labels.csv`).
 """
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ ARMS = LADDER + BASELINES
 MONTAGE_MODES = ("interpolate", "downscale")
 FILLS = ("blur", "constant")
 PATCH_INITS = ("trunc_normal", "conv_default")
+# The model types `model.load` reads, as ViTForImageClassification. DeiT in ViT format (facebook/deit-*-patch16-224,
+# no distillation token) is model_type vit; model_type deit (DeiTForImageClassification[WithTeacher]) keeps its
+# weights under deit.* and has a distillation token, so ViTForImageClassification would load none of them (random).
+FAMILIES = ("vit",)
+CLASSIFIER = "ViTForImageClassification"
+PROCESSOR_FILE = "preprocessor_config.json"  # optional: without it the loader uses ViTImageProcessor's 0.5 / 0.5
 
 
 @dataclass
@@ -210,3 +217,54 @@ def validate(cfg: ExplainVitConfig) -> None:
         raise ValueError(f"train.warmup_steps must be >= 0, not {cfg.train.warmup_steps}")
     if cfg.train.patch_init not in PATCH_INITS:
         raise ValueError(f"train.patch_init must be one of {', '.join(PATCH_INITS)}, not '{cfg.train.patch_init}'")
+
+
+def check_model(given: str, option: str = "--model") -> None:
+    """`given` is a ViT classifier `model.load` reads faithfully: config.json of model_type vit naming a
+    ViTForImageClassification, RGB input, weights present and whole, and a readable preprocessor_config.json
+    if there is one. Headers only (json, the safetensors header): no weight is loaded."""
+    import json
+
+    from icml.cli import checkpoints
+    from icml.cli.errors import UsageError
+
+    ckpt = checkpoints.resolve(given, option)
+    if ckpt.model_type == "deit":
+        raise UsageError(f"{option} '{given}' is a DeiT checkpoint in DeiT format (model_type deit, distillation "
+                         "token), which explain-vit's ViTForImageClassification cannot load",
+                         "give a DeiT in ViT format (model_type vit, e.g. facebook/deit-base-patch16-224) "
+                         "or another ViT classifier")
+    if ckpt.model_type not in FAMILIES:
+        raise UsageError(f"{option} '{given}' is a {ckpt.model_type} checkpoint; explain-vit supports "
+                         f"{', '.join(FAMILIES)} (ViT, and DeiT in ViT format)",
+                         f"give a {CLASSIFIER} directory saved with save_pretrained")
+    config = json.loads((ckpt.directory / "config.json").read_text(encoding="utf-8"))  # resolve parsed it
+    architectures = config.get("architectures") or []
+    if architectures and CLASSIFIER not in architectures:
+        # a ViTModel / ViTForMaskedImageModeling has no classifier: from_pretrained would draw a random head
+        raise UsageError(f"{option} '{given}' is a {architectures[0]}, which has no image-classification head "
+                         "(explain-vit explains a classifier's logits)",
+                         f"give a {CLASSIFIER} checkpoint (fine-tune a head on the backbone first)")
+    if config.get("num_channels", 3) != 3:
+        raise UsageError(f"{option} '{given}' takes {config['num_channels']}-channel images; explain-vit feeds RGB",
+                         "give a 3-channel ViT classifier")
+    processor = ckpt.directory / PROCESSOR_FILE
+    if processor.is_file():
+        try:
+            settings = json.loads(processor.read_text(encoding="utf-8"))
+            stats = [settings.get(key, [0.5] * 3) for key in ("image_mean", "image_std")]
+            usable = all(len(v) == 3 and all(isinstance(x, (int, float)) for x in v) for v in stats)
+            usable = usable and all(x > 0 for x in stats[1])
+        except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
+            usable = False
+        if not usable:
+            raise UsageError(f"{option} '{given}': {PROCESSOR_FILE} is not JSON with 3 image_mean and 3 "
+                             "positive image_std values",
+                             f"save the image processor again (processor.save_pretrained(dir)), or delete "
+                             f"{PROCESSOR_FILE} to use ViT's mean = std = 0.5")
+
+
+def check_inputs(cfg: ExplainVitConfig) -> None:
+    """Before a run exists: --model is a checkpoint explain-vit can load (the toy model needs no check)."""
+    if cfg.model:
+        check_model(cfg.model)

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from icml.methods.explain_vit.config import ExplainVitConfig
+from icml.methods.explain_vit.config import FAMILIES, PROCESSOR_FILE, ExplainVitConfig
 from icml.methods.explain_vit.data import CLASSES
 
 
@@ -81,14 +81,17 @@ def load(path: str | Path, device: str = "cpu") -> Classifier:
     except (OSError, ValueError) as exc:
         raise ValueError(f"model '{path}' cannot be read as a transformers checkpoint ({exc.__class__.__name__}); "
                          "pass a folder saved with save_pretrained") from None
-    if config.model_type not in ("vit", "deit"):
+    if config.model_type not in FAMILIES:  # config.check_model refuses these up front; kept for direct callers
         raise ValueError(f"model '{path}' is a {config.model_type}, not a ViT/DeiT checkpoint in ViT format")
     model = ViTForImageClassification.from_pretrained(path, local_files_only=True, attn_implementation="eager")
     model.to(device).eval()
-    try:
-        processor = ViTImageProcessor.from_pretrained(path, local_files_only=True)
+    if (path / PROCESSOR_FILE).is_file():  # a malformed one is an error, never a silent fallback to 0.5
+        try:
+            processor = ViTImageProcessor.from_pretrained(path, local_files_only=True)
+        except OSError:
+            raise ValueError(f"model '{path}': {PROCESSOR_FILE} cannot be read") from None
         mean, std = processor.image_mean, processor.image_std
-    except OSError:  # no preprocessor_config.json: the ViT default
+    else:  # ViTImageProcessor's default
         mean, std = [0.5] * 3, [0.5] * 3
     size = config.image_size if isinstance(config.image_size, int) else config.image_size[0]
     patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         from icml.cli.errors import UsageError
         from icml.cli.lifecycle import config_from_run, resolve_device
         from icml.methods.explain_vit import METHOD
-        from icml.methods.explain_vit.config import ARMS, preset
+        from icml.methods.explain_vit.config import ARMS, check_model, preset
 
         if not image:
             raise UsageError("no --image given", "pass one or more --image FILE")
@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
             if not (model / "config.json").is_file():
                 raise UsageError(f"--model '{model}' is not a transformers checkpoint (no config.json)",
                                  "pass a folder saved with save_pretrained")
+            check_model(str(model))  # headers only, before --out is created
             run, cfg, model_dir = None, preset("default"), model
         else:
             run = store(runs_dir).open(run_dir, METHOD.name) if run_dir else store(runs_dir).latest(METHOD.name, "train")

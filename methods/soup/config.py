@@ -20,6 +20,8 @@ HPARAMS = {
     "lejepa": {"lambda": 0.05, "views": 2.0},
 }
 DEFAULT_INGREDIENTS = "mae:mask=0.5,mae:mask=0.75,mocov3:tau=0.2,mocov3:tau=1.0,mmcr,mmcr:local=1,lejepa"
+FAMILIES = ("vit_mae", "vit")  # --model: the model types vit.load_stock reads (ViTMAEForPreTraining, ViTModel)
+MAE_WITH_DECODER = "ViTMAEForPreTraining"  # the only architecture whose checkpoint holds the MAE decoder
 
 
 @dataclass
@@ -290,8 +292,29 @@ def read_model_config(model: str) -> dict:
     return config
 
 
+def check_model(cfg: SoupConfig) -> None:
+    """--model is a stock vit.load_stock reads (ViTMAE or plain ViT), its weights present and whole, with an
+    MAE decoder if mae ingredients are asked for. Headers only (json, the safetensors header)."""
+    from icml.cli import checkpoints
+
+    ckpt = checkpoints.check(cfg.model, FAMILIES, "soup", tokenizer=False)
+    architectures = read_model_config(cfg.model).get("architectures") or []
+    # a ViTMAEModel (encoder only) loads as ViTMAEForPreTraining with a randomly drawn decoder, so only a
+    # ViTMAEForPreTraining checkpoint (or one that does not say) can cook mae ingredients
+    has_decoder = ckpt.model_type == "vit_mae" and (not architectures or MAE_WITH_DECODER in architectures)
+    if not has_decoder and any(recipe.algo == "mae" for recipe in parse_ingredients(cfg.ingredients)):
+        what = "a plain ViT" if ckpt.model_type == "vit" else f"a {architectures[0]} (the encoder alone)"
+        others = ",".join(a for a in ALGOS if a != "mae")
+        raise UsageError(f"model '{cfg.model}' is {what} with no MAE decoder, so mae ingredients cannot be cooked",
+                         f"drop mae from ingredients (--set ingredients={others}) or pass a "
+                         f"{MAE_WITH_DECODER} checkpoint such as vit-mae-base")
+
+
 def check_inputs(cfg: SoupConfig) -> None:
-    """Before a run exists: the --data folder's layout and one image per class, read as the run reads them."""
+    """Before a run exists: --model's headers (check_model), and the --data folder's layout and one image
+    per class, read as the run reads them."""
+    if cfg.model:
+        check_model(cfg)
     if cfg.data:
         from icml.data.images import ImageDataError, check_image_folder
 
