@@ -27,7 +27,8 @@ SHORT_NAMES = {
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                       "gemma3": "gemma3", "gpt2": "gpt2", "phi3": "phi3"}
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "diffusion_pytorch_model.safetensors")
+                "pytorch_model.bin.index.json", "diffusion_pytorch_model.safetensors",
+                "diffusion_pytorch_model.safetensors.index.json")  # indices: save_pretrained's shards (> 5-10 GB)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 ACCEPTS = "a local checkpoint directory (config.json + weights), a .gguf file, or " + ", ".join(SHORT_NAMES)
 
@@ -153,12 +154,12 @@ def check_weights(path: Path, given: str, option: str = "--model") -> None:
         raise UsageError(f"{option} '{given}' has no weights in {path.name}/ ({' / '.join(WEIGHT_FILES[:3])})",
                          "save the model with save_pretrained into that directory")
     files = [path / f for f in present if f.endswith(".safetensors")]
-    if "model.safetensors.index.json" in present:
+    for index_name in (f for f in present if f.endswith(".safetensors.index.json")):
         try:
-            index = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))
+            index = json.loads((path / index_name).read_text(encoding="utf-8"))
             files += [path / shard for shard in sorted(set(index["weight_map"].values()))]
         except (ValueError, KeyError, TypeError, AttributeError):
-            raise UsageError(f"{option} '{given}': model.safetensors.index.json is corrupt",
+            raise UsageError(f"{option} '{given}': {path.name}/{index_name} is corrupt",
                              "save the model again with save_pretrained") from None
     for file in files:
         _check_safetensors(file, given, option)

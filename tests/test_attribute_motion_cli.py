@@ -153,7 +153,8 @@ def test_local_model_directory_replaces_pretraining(tmp_path, run):
     ddpm = tmp_path / "ddpm"
     pipeline_class()(unet=build_unet(8, 16, [8, 16, 16], 1, seed=0), scheduler=DDPMScheduler()).save_pretrained(ddpm)
     code, _, err = astuple(invoke("attribute-motion", "train", *TINY, "--model", ddpm, "--runs-dir", tmp_path / "r2"))
-    assert code == 1 and "needs a UNet2DModel with a FlowMatchEulerDiscreteScheduler" in err and "Traceback" not in err
+    assert code == 2 and "needs a UNet2DModel with a FlowMatchEulerDiscreteScheduler" in err and "Traceback" not in err
+    assert not (tmp_path / "r2").exists()  # refused from its headers, before the run (issue "Real checkpoints")
 
 
 def test_user_clip_folder_trains(tmp_path):

@@ -93,3 +93,33 @@ def test_paper_preset_refuses_in_one_line(tmp_path, pipe_dir):
                                   "--runs-dir", tmp_path))
     lines = [line for line in err.splitlines() if line.startswith("icml: error:")]
     assert code == 1 and len(lines) == 1 and "paper.divin_latents" in err and "Traceback" not in err
+
+
+def test_paper_preset_refuses_an_unusable_pipeline_before_a_run(tmp_path, pipe_dir):
+    """The paper preset's --model is read from its headers before a run exists: another pipeline class, the
+    other paper.pipeline, a missing component and cut weights are one line, exit 2, nothing created."""
+    import json
+    import shutil
+
+    def copy(name, change):
+        folder = tmp_path / name
+        shutil.copytree(pipe_dir, folder)
+        change(folder)
+        return folder
+
+    def rename(folder, cls):
+        index = json.loads((folder / "model_index.json").read_text())
+        (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": cls}))
+
+    cases = [(copy("ddpm", lambda d: rename(d, "DDPMPipeline")), [], "is a DDPMPipeline, not the StableDiffusionPipeline"),
+             (pipe_dir, ["--set", "paper.pipeline=sd3"], "use --set paper.pipeline=sd1"),
+             (copy("no-vae", lambda d: shutil.rmtree(d / "vae")), [], "vae/ is missing"),
+             (copy("cut", lambda d: (d / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(
+                 (d / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()[:-100])), [],
+              "diffusion_pytorch_model.safetensors is corrupt or truncated")]
+    for folder, argv, needle in cases:
+        code, _, err = astuple(invoke("diverse-init", "train", "--preset", "paper", *argv, "--model", folder,
+                                      "--runs-dir", tmp_path / "runs"))
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and needle in lines[0], (folder.name, err)
+        assert not (tmp_path / "runs").exists(), folder.name

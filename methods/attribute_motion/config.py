@@ -3,13 +3,13 @@
 Every field is settable with `--set key=value` (e.g. `--set attr.length_norm=mask_sum`);
 `--data DIR` sets `data` (a folder of clips + captions.csv), `--model DIR` sets `model`
 (a stacked-frame UNet2DModel pipeline saved with save_pretrained, or with `--preset paper` a local
-WanPipeline directory).
+WanPipeline directory); `check_unet_dir` / `check_wan_dir` read such a directory from its headers only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from icml.cli import distributed
+from icml.cli import checkpoints, distributed
 
 SELECTORS = ["motive", "motive_dense", "no_mask", "indep_noise", "no_length_norm", "mean_agg", "motive_frames",
              "multi_draw", "random", "full", "flow_magnitude", "appearance_match"]
@@ -137,9 +137,11 @@ def preset(name: str) -> AttributeMotionConfig:
 
 
 def check_wan_dir(path, frames: int | None = None, size: int | None = None) -> None:
-    """A local WanPipeline directory, read as JSON only (no torch): model_index.json naming a WanPipeline with
-    transformer/, vae/, text_encoder/, tokenizer/ and scheduler/, one transformer (not Wan2.2's two experts),
-    and clips on the VAE's grid. Raises ValueError in one line naming the file and the fix."""
+    """A local WanPipeline directory, read from headers only (JSON and safetensors headers, no torch):
+    model_index.json naming a WanPipeline with transformer/ (a WanTransformer3DModel), vae/ (an AutoencoderKLWan),
+    text_encoder/, tokenizer/ and scheduler/, one transformer (not Wan2.2's two experts), the weights of the three
+    models present and whole, and clips on the VAE's grid. Raises ValueError (UsageError for weights) in one line
+    naming the file and the fix."""
     import json
     from pathlib import Path
 
@@ -173,6 +175,13 @@ def check_wan_dir(path, frames: int | None = None, size: int | None = None) -> N
             raise ValueError(f"'{root / name}' is missing: the WanPipeline directory '{path}' is incomplete; {save}")
         if config is not None:
             read(root / name / config)
+    for name, expected in (("transformer", "WanTransformer3DModel"), ("vae", "AutoencoderKLWan")):
+        found = read(root / name / "config.json").get("_class_name")
+        if found != expected:
+            raise ValueError(f"'{root / name / 'config.json'}' describes a {found}, not the {expected} a WanPipeline "
+                             f"drives; {save}")
+    for name in ("transformer", "vae", "text_encoder"):
+        checkpoints.check_weights(root / name, str(path))
     if frames is None or size is None:
         return
     vae, transformer = read(root / "vae" / "config.json"), read(root / "transformer" / "config.json")
@@ -260,10 +269,6 @@ def validate(cfg: AttributeMotionConfig) -> None:
         raise ValueError(f"clips.frames must be at least 2, not {cfg.clips.frames}")
     if cfg.data and not Path(cfg.data).is_dir():
         raise ValueError(f"data '{cfg.data}' is not a folder (expected clips plus captions.csv)")
-    if cfg.model and cfg.backend == "unet" and not any((Path(cfg.model) / name).is_file()
-                                                       for name in ("model_index.json", "config.json")):
-        raise ValueError(f"model '{cfg.model}' is not a pipeline or UNet2DModel directory (no model_index.json or "
-                         "config.json; save one with save_pretrained)")
     if abs(cfg.attr.t_star * 1000 - round(cfg.attr.t_star * 1000)) > 1e-9:
         raise ValueError(f"attr.t_star must be on the scheduler's table of 1000 levels (a multiple of 0.001), "
                          f"not {cfg.attr.t_star}")
@@ -276,9 +281,82 @@ def spatial_factor(model: str) -> int:
     return json.loads((Path(model) / "vae" / "config.json").read_text()).get("scale_factor_spatial", 8)
 
 
+def check_unet_dir(path, frames: int) -> None:
+    """--model of the UNet presets, read from headers only (JSON and safetensors headers, no torch): a pipeline
+    directory (model_index.json naming a UNet2DModel under unet/ and a FlowMatchEulerDiscreteScheduler with shift 1
+    under scheduler/, as `model.save_pipeline` writes the base) or a bare UNet2DModel.save_pretrained directory,
+    3·frames channels in and out, ≥ 22 class embeddings, weights present and whole. Raises IcmlError in one line."""
+    import json
+    from pathlib import Path
+
+    from icml.cli.errors import IcmlError
+    from icml.data.videos import NULL_PROMPT
+
+    root = Path(path)
+    save = "re-save it with save_pretrained"
+
+    def read(file: Path) -> dict:
+        try:
+            value = json.loads(file.read_text())
+        except OSError:
+            raise IcmlError(f"model '{path}': {file.relative_to(root)} is missing", save) from None
+        except ValueError:
+            raise IcmlError(f"model '{path}': {file.relative_to(root)} is not valid JSON", save) from None
+        if not isinstance(value, dict):
+            raise IcmlError(f"model '{path}': {file.relative_to(root)} is not a JSON object", save)
+        return value
+
+    def class_of(components: dict, name: str):
+        entry = components.get(name)  # save_pretrained writes [library, class], [null, null] for an absent part
+        return entry[1] if isinstance(entry, list) and len(entry) == 2 else None
+
+    unet_dir = root
+    if (root / "model_index.json").is_file():
+        components = read(root / "model_index.json")
+        if components.get("_class_name") == "WanPipeline":
+            raise IcmlError(f"model '{path}' is a WanPipeline; this preset uses the stacked-frame UNet",
+                            "run it with --preset paper")
+        unet, scheduler = class_of(components, "unet"), class_of(components, "scheduler")
+        if unet != "UNet2DModel" or scheduler != "FlowMatchEulerDiscreteScheduler":
+            raise IcmlError(f"model '{path}' is a {components.get('_class_name')} with unet {unet} and scheduler "
+                            f"{scheduler}; needs a UNet2DModel with a FlowMatchEulerDiscreteScheduler",
+                            "save a velocity-trained UNet2DModel with a FlowMatchEulerDiscreteScheduler beside it")
+        scheduler_file = root / "scheduler" / "scheduler_config.json"
+        scheduler_config = read(scheduler_file)
+        if scheduler_config.get("shift", 1.0) != 1.0 or scheduler_config.get("use_dynamic_shifting"):
+            raise IcmlError(f"'{scheduler_file}' shifts the σ schedule (shift {scheduler_config.get('shift')}); "
+                            "this method trains and attributes on the unshifted table", "save the scheduler with shift=1.0")
+        unet_dir = root / "unet"
+    elif not (root / "config.json").is_file():
+        raise IcmlError(f"model '{path}' is not a pipeline or UNet2DModel directory (no model_index.json or "
+                        "config.json)", "give a UNet2DModel.save_pretrained directory or its pipeline "
+                        "(model_index.json, unet/, scheduler/)")
+    config = read(unet_dir / "config.json")
+    if config.get("_class_name") != "UNet2DModel":
+        # a transformers config.json has no _class_name but a model_type: name that, it is what the user will know
+        found = config.get("_class_name") or (f"a {config['model_type']} transformers model" if config.get("model_type")
+                                              else "no diffusers model class")
+        raise IcmlError(f"model '{path}': {(unet_dir / 'config.json').relative_to(root)} describes {found}, not a "
+                        "UNet2DModel",
+                        "give a UNet2DModel.save_pretrained directory or its pipeline (model_index.json, unet/, "
+                        "scheduler/)")
+    channels = (config.get("in_channels", 3), config.get("out_channels", 3))  # UNet2DModel's defaults
+    if channels != (3 * frames, 3 * frames):
+        raise IcmlError(f"model '{path}' has {channels[0]} input and {channels[1]} output channels; this run stacks "
+                        f"{frames} frames (needs {3 * frames})", f"use --set clips.frames={channels[0] // 3}")
+    if (config.get("num_class_embeds") or 0) < NULL_PROMPT + 1:
+        raise IcmlError(f"model '{path}' has {config.get('num_class_embeds')} class embeddings; needs {NULL_PROMPT + 1}",
+                        f"save a class-conditional UNet2DModel with num_class_embeds={NULL_PROMPT + 1}")
+    checkpoints.check_weights(unet_dir, str(path))
+
+
 def check_inputs(cfg: AttributeMotionConfig) -> None:
-    """Before a run exists: the --data folder is read as the run reads it (captions.csv, every clip; video
-    files decoded into a temporary staging folder, which the run then decodes again into its own)."""
+    """Before a run exists: --model of the UNet presets is a UNet2DModel (pipeline) directory this run can drive
+    (`check_unet_dir`; the Wan directory of --preset paper is checked by `validate`), and the --data folder is
+    read as the run reads it (captions.csv, every clip; video files decoded into a temporary staging folder,
+    which the run then decodes again into its own)."""
+    if cfg.model and cfg.backend == "unet":
+        check_unet_dir(cfg.model, cfg.clips.frames)
     if cfg.data:
         import tempfile
         from pathlib import Path

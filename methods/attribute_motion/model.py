@@ -105,53 +105,22 @@ def build_unet(frames: int, size: int, block_out_channels: list[int], layers_per
 
 def load_unet(path: str | Path, frames: int, size: int):
     """The stacked-frame UNet of a pipeline directory (model_index.json with unet/ and a flow-matching
-    scheduler/, as `save_pipeline` writes) or of a bare UNet2DModel directory (config.json)."""
-    import json
-
+    scheduler/, as `save_pipeline` writes) or of a bare UNet2DModel directory (config.json), after the
+    header checks of `config.check_unet_dir` (which `check_inputs` ran before the run existed)."""
     from diffusers import UNet2DModel
     from diffusers.utils import logging as diffusers_logging
 
+    from icml.methods.attribute_motion.config import check_unet_dir
+
+    check_unet_dir(path, frames)  # again: the directory may have changed since, and the run's own base passes here
     diffusers_logging.set_verbosity_error()  # no advice about optional packages on every load
-    root = Path(path)
-    index = root / "model_index.json"
-    subfolder = None
-    if index.is_file():
-        try:
-            components = json.loads(index.read_text())
-        except ValueError as exc:
-            raise IcmlError(f"'{index}' is not valid JSON ({exc})", "re-save the pipeline with save_pretrained") from None
-        if components.get("_class_name") == "WanPipeline":
-            raise IcmlError(f"model '{path}' is a WanPipeline; this preset uses the stacked-frame UNet",
-                            "run it with --preset paper")
-        scheduler = components.get("scheduler", [None, None])[1]
-        if "unet" not in components or scheduler != "FlowMatchEulerDiscreteScheduler":
-            raise IcmlError(f"model '{path}' is a {components.get('_class_name')} with unet={components.get('unet')} "
-                            f"and scheduler {scheduler}; needs a UNet2DModel with a FlowMatchEulerDiscreteScheduler",
-                            "save a velocity-trained UNet2DModel with a FlowMatchEulerDiscreteScheduler beside it")
-        config_path = root / "scheduler" / "scheduler_config.json"
-        try:
-            scheduler_config = json.loads(config_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise IcmlError(f"'{config_path}' is missing or not valid JSON ({type(exc).__name__})",
-                            "re-save the pipeline with save_pretrained") from None
-        if scheduler_config.get("shift", 1.0) != 1.0 or scheduler_config.get("use_dynamic_shifting"):
-            raise IcmlError(f"'{config_path}' shifts the σ schedule (shift {scheduler_config.get('shift')}); "
-                            "this method trains and attributes on the unshifted table", "save the scheduler with shift=1.0")
-        subfolder = "unet"
+    subfolder = "unet" if (Path(path) / "model_index.json").is_file() else None
     try:
-        model = UNet2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
-    except Exception as exc:
+        return UNet2DModel.from_pretrained(str(path), subfolder=subfolder, local_files_only=True)
+    except Exception as exc:  # headers pass but the tensors do not fit the config: name the folder, not a traceback
         raise IcmlError(f"model '{path}' cannot be loaded as a UNet2DModel ({type(exc).__name__})",
                         "pass a pipeline directory (model_index.json, unet/, scheduler/) or a UNet2DModel.save_pretrained "
                         "directory") from None
-    config = model.config
-    if config.in_channels != 3 * frames or config.out_channels != 3 * frames:
-        raise IcmlError(f"model '{path}' has {config.in_channels} input channels; this run stacks {frames} frames "
-                        f"(needs {3 * frames})", f"use --set clips.frames={config.in_channels // 3}")
-    if (config.num_class_embeds or 0) < NULL_PROMPT + 1:
-        raise IcmlError(f"model '{path}' has {config.num_class_embeds} class embeddings; needs {NULL_PROMPT + 1}",
-                        "save a class-conditional UNet2DModel with num_class_embeds=22")
-    return model
 
 
 def to_channels(videos: torch.Tensor) -> torch.Tensor:

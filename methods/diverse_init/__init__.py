@@ -2,7 +2,7 @@
 noise towards the guidance-potential posterior N(z; 0, I)·exp(−τ‖x̂₀(z,c) − x̂₀(z,∅)‖²) before an
 untouched CFG sampler; composable with CADS, interval guidance and particle guidance."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.diverse_init.config import VARIANTS, DiverseInitConfig, preset, validate
+from icml.methods.diverse_init.config import VARIANTS, DiverseInitConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="diverse-init",
@@ -14,6 +14,7 @@ METHOD = Method(
     config=DiverseInitConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"tier": "string", "param": "string", "cfg_scale": "float64", "tau": "float64", "tau_frac": "float64", "eta": "float64",
           "k_steps": "int64", "traj": "string", "feature_space": "string", "n_per_class": "int64"},
     metrics={"vendi": HIGHER, "precision": HIGHER, "recall": HIGHER, "density": HIGHER, "coverage": HIGHER,

@@ -1,12 +1,18 @@
 """Configuration of `icml diverse-init`: one dataclass tree, three presets.
 
 Every field is settable with `--set key=value` (e.g. `--set divin.eta=0.1 --set traj=cads,ig`);
-`--model DIR` sets `model` (a class-conditional UNet2DModel or pipeline directory), `--data FILE`
-sets `data` (an .npz of `images` [N,H,W] or [N,1,H,W] and integer `labels`, replacing sklearn digits).
+`--model DIR` sets `model` (a class-conditional UNet2DModel or pipeline directory; with `--preset paper` a
+Stable Diffusion pipeline), `--data FILE` sets `data` (an .npz of `images` [N,H,W] or [N,1,H,W] and integer
+`labels`, replacing sklearn digits). `check_checkpoint` / `check_sd_pipeline` read such a directory from its
+headers only (JSON and safetensors headers, no torch), so `check_inputs` refuses it before a run exists.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from icml.cli import checkpoints
 
 TIERS = ("gmm", "digits")
 PARAMS = ("eps", "flow")
@@ -16,6 +22,13 @@ VARIANTS = INIT_ARMS + TRAJ_ARMS
 TRAJECTORIES = ("cads", "ig", "pg")
 POTENTIALS = ("sq", "l2")
 BETA_SCHEDULES = ("scaled_linear", "linear")
+MODEL_CLASSES = ("UNet2DModel", "GmmDenoiser")  # what `model.load_checkpoint` builds from a config.json
+EPS_SCHEDULERS = ("DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "EulerDiscreteScheduler",
+                  "DPMSolverMultistepScheduler")  # ε-prediction: their β table is read into a DDIMScheduler
+FLOW_SCHEDULERS = ("FlowMatchEulerDiscreteScheduler",)
+# paper.pipeline -> (the pipeline class, its denoiser's folder, the denoiser's class)
+PAPER_PIPELINES = {"sd1": ("StableDiffusionPipeline", "unet", "UNet2DConditionModel"),
+                   "sd3": ("StableDiffusion3Pipeline", "transformer", "SD3Transformer2DModel")}
 
 
 @dataclass
@@ -163,8 +176,6 @@ def preset(name: str) -> DiverseInitConfig:
 
 def validate(cfg: DiverseInitConfig) -> None:
     """Reject values the run cannot use, in one line each."""
-    from pathlib import Path
-
     for key, values, valid in (("tiers", cfg.tiers, TIERS), ("params", cfg.params, PARAMS),
                                ("variants", cfg.variants, VARIANTS)):
         unknown = [v for v in values if v not in valid]
@@ -210,9 +221,6 @@ def validate(cfg: DiverseInitConfig) -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(getattr(cfg, section), name)}")
-    if cfg.model and not (Path(cfg.model) / "config.json").is_file() and not (Path(cfg.model) / "unet" / "config.json").is_file():
-        raise ValueError(f"model '{cfg.model}' is neither a UNet2DModel directory nor a pipeline with unet/ "
-                         "(no config.json; save one with save_pretrained)")
     if cfg.data and not (Path(cfg.data).is_file() and str(cfg.data).endswith(".npz")):
         raise ValueError(f"data '{cfg.data}' is not an .npz file (expected arrays `images` and `labels`)")
     if cfg.paper.enabled and not cfg.model:
@@ -224,3 +232,135 @@ def validate(cfg: DiverseInitConfig) -> None:
         raise ValueError(f"pg.ref_dim must be positive (or none for the coefficient as is), not {cfg.pg.ref_dim}")
     if cfg.paper.pipeline not in ("sd1", "sd3"):
         raise ValueError(f"paper.pipeline must be sd1 or sd3, not '{cfg.paper.pipeline}'")
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    """What `check_checkpoint` read of a denoiser directory; `model.load_checkpoint` builds from it."""
+
+    model_dir: Path  # the folder of config.json and the weights (DIR, or DIR/unet of a pipeline)
+    model_class: str  # one of MODEL_CLASSES
+    config: dict  # the model's config.json
+    scheduler: dict  # its scheduler_config.json
+    param: str  # eps | flow, named by the scheduler class
+    null: int | None  # the null class embedding (None: an unconditional model)
+
+
+def check_checkpoint(path, null_class: int | None = None) -> CheckpointDir:
+    """A denoiser directory, from its headers only: a model directory (config.json of a UNet2DModel or GmmDenoiser
+    with scheduler_config.json and the weights beside it, as `model.save_checkpoint` writes) or a pipeline
+    directory (unet/ and scheduler/, as DDPMPipeline.save_pretrained writes); an ε-prediction scheduler
+    (DDIM/DDPM/PNDM/Euler/DPM-Solver) or FlowMatchEuler; the weights present and whole. Raises IcmlError in one
+    line naming the file and the fix."""
+    from icml.cli.errors import IcmlError
+
+    root = Path(path)
+    model_dir, scheduler_dir = (root / "unet", root / "scheduler") if (root / "unet" / "config.json").is_file() \
+        else (root, root)
+    if not (model_dir / "config.json").is_file():
+        raise IcmlError(f"model '{path}' is neither a model directory nor a pipeline with unet/ (no config.json)",
+                        "save the model and its scheduler with save_pretrained into that directory")
+    config = _read_json(model_dir / "config.json", path)
+    model_class = config.get("_class_name")
+    if model_class not in MODEL_CLASSES:
+        if model_class in ("UNet2DConditionModel", "SD3Transformer2DModel"):
+            fix = "a text-conditional Stable Diffusion pipeline goes with --preset paper"
+        else:
+            fix = "give a class-conditional UNet2DModel directory with its scheduler (save_pretrained of both)"
+        # a transformers config.json has no _class_name but a model_type: name that, it is what the user will know
+        found = model_class or (f"a {config['model_type']} transformers model" if config.get("model_type")
+                                else "no diffusers model class")
+        raise IcmlError(f"model '{path}': {(model_dir / 'config.json').relative_to(root)} describes {found}, not a "
+                        f"{' or '.join(MODEL_CLASSES)}", fix)
+    scheduler_file = scheduler_dir / "scheduler_config.json"
+    if not scheduler_file.is_file():
+        raise IcmlError(f"model '{path}' has no scheduler_config.json beside it",
+                        "save its scheduler there (scheduler.save_pretrained(DIR)); DDIM/DDPM → eps, FlowMatchEuler → flow")
+    scheduler = _read_json(scheduler_file, path)
+    name = scheduler.get("_class_name", "")
+    if name in EPS_SCHEDULERS:
+        param = "eps"
+        if scheduler.get("prediction_type", "epsilon") != "epsilon":
+            raise IcmlError(f"scheduler of '{path}' predicts {scheduler['prediction_type']}",
+                            "diverse-init supports ε-prediction (DDIM/DDPM) and rectified flow (FlowMatchEuler)")
+    elif name in FLOW_SCHEDULERS:
+        param = "flow"
+    else:
+        raise IcmlError(f"scheduler '{name}' of '{path}' is not supported",
+                        "use a DDIM/DDPM (eps) or FlowMatchEulerDiscrete (flow) scheduler config")
+    n_embeds = config.get("num_class_embeds")
+    null = (null_class if null_class is not None else n_embeds - 1) if n_embeds else None
+    if null is not None and not 0 <= null < n_embeds:
+        raise IcmlError(f"null_class {null} is outside the model's {n_embeds} class embeddings",
+                        "set --set null_class=<index of the unconditional embedding>")
+    checkpoints.check_weights(model_dir, str(path))
+    return CheckpointDir(model_dir, model_class, config, scheduler, param, null)
+
+
+def check_sd_pipeline(path, pipeline: str) -> None:
+    """The paper preset's --model, from its headers only: model_index.json naming the pipeline class of
+    `paper.pipeline` (sd1: StableDiffusionPipeline with a UNet2DConditionModel under unet/; sd3:
+    StableDiffusion3Pipeline with an SD3Transformer2DModel under transformer/), scheduler/, every component
+    folder it lists present and every model's weights whole. Raises IcmlError in one line."""
+    from icml.cli.errors import IcmlError
+
+    root = Path(path)
+    pipeline_class, denoiser, denoiser_class = PAPER_PIPELINES[pipeline]
+    save = f"save a {pipeline_class} with save_pretrained or download one into it"
+    if not (root / "model_index.json").is_file():
+        raise IcmlError(f"model '{path}' is not a diffusers pipeline directory (no model_index.json)", save)
+    components = _read_json(root / "model_index.json", path)
+    found = components.get("_class_name")
+    if found != pipeline_class:
+        other = [key for key, (name, _, _) in PAPER_PIPELINES.items() if name == found]
+        raise IcmlError(f"model '{path}' is a {found}, not the {pipeline_class} of paper.pipeline={pipeline}",
+                        f"use --set paper.pipeline={other[0]}" if other else save)
+    config = _read_json(root / denoiser / "config.json", path)
+    if config.get("_class_name") != denoiser_class:
+        raise IcmlError(f"model '{path}': {denoiser}/config.json describes {config.get('_class_name')}, "
+                        f"not a {denoiser_class}", save)
+    _read_json(root / "scheduler" / "scheduler_config.json", path)
+    for name, entry in components.items():
+        if name.startswith("_") or not isinstance(entry, list) or entry[-1] is None:
+            continue  # the pipeline's own options, and absent parts (safety_checker [null, null])
+        if not (root / name).is_dir():
+            raise IcmlError(f"model '{path}': {name}/ is missing (model_index.json lists it)", save)
+        if (root / name / "config.json").is_file():  # a model (tokenizers and schedulers have no config.json)
+            checkpoints.check_weights(root / name, str(path))
+
+
+def _read_json(file: Path, given) -> dict:
+    from icml.cli.errors import IcmlError
+
+    name = file.relative_to(Path(given))  # the user knows the directory they gave
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except OSError:
+        raise IcmlError(f"model '{given}': {name} is missing", "re-save it with save_pretrained") from None
+    except (ValueError, UnicodeDecodeError):
+        raise IcmlError(f"model '{given}': {name} is not valid JSON", "re-save it with save_pretrained") from None
+    if not isinstance(value, dict):
+        raise IcmlError(f"model '{given}': {name} is not a JSON object", "re-save it with save_pretrained")
+    return value
+
+
+def check_inputs(cfg: DiverseInitConfig) -> None:
+    """Before a run exists: --model is a checkpoint this run drives, read from its headers only. The paper
+    preset takes a Stable Diffusion pipeline; the other presets a denoiser directory, which replaces the digits
+    tier's trained models and so must make 1×16² samples (`generate --model` takes any size)."""
+    from icml.cli.errors import IcmlError
+
+    if not cfg.model:
+        return
+    if cfg.paper.enabled:
+        check_sd_pipeline(cfg.model, cfg.paper.pipeline)
+        return
+    ckpt = check_checkpoint(cfg.model, cfg.null_class)
+    if "digits" in cfg.tiers:
+        if ckpt.model_class != "UNet2DModel":
+            raise IcmlError(f"model '{cfg.model}' is a {ckpt.model_class}; the digits tier replaces its UNet2DModel",
+                            "give a UNet2DModel directory (1 channel, sample_size 16)")
+        shape = (ckpt.config.get("in_channels"), ckpt.config.get("sample_size"))
+        if shape != (1, 16):
+            raise IcmlError(f"model '{cfg.model}' makes {shape[0]}×{shape[1]}² samples; eval measures 1×16² digits",
+                            "use `icml diverse-init generate --model DIR` for other models")

@@ -7,7 +7,6 @@ The scheduler names the parameterisation: DDIM/DDPM → `eps` (ε-prediction), F
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -20,9 +19,6 @@ from torch import nn
 from icml.cli.errors import IcmlError
 
 GMM_CLASSES, DIGIT_CLASSES = 4, 10
-EPS_SCHEDULERS = ("DDIMScheduler", "DDPMScheduler", "PNDMScheduler", "EulerDiscreteScheduler",
-                  "DPMSolverMultistepScheduler")
-FLOW_SCHEDULERS = ("FlowMatchEulerDiscreteScheduler",)
 
 
 def sinusoidal(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -160,54 +156,23 @@ def save_checkpoint(model, scheduler, path: Path) -> None:
 # loading a checkpoint or a user's directory ------------------------------------------------------------
 def load_checkpoint(path, null_class: int | None = None):
     """(model, scheduler, param, null, conditional) from a model dir (config.json + scheduler_config.json)
-    or a pipeline dir (unet/ + scheduler/). Raises IcmlError with one line on anything unusable."""
-    path = Path(path)
-    model_dir, sched_dir = (path / "unet", path / "scheduler") if (path / "unet" / "config.json").is_file() \
-        else (path, path)
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
-        raise IcmlError(f"model '{path}' has no config.json", "save the model with save_pretrained")
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise IcmlError(f"'{config_file}' is not valid JSON", "re-save the model with save_pretrained") from None
-    sched_file = sched_dir / "scheduler_config.json"
-    if not sched_file.is_file():
-        raise IcmlError(f"model '{path}' has no scheduler_config.json beside it",
-                        "save its scheduler there (scheduler.save_pretrained(DIR)); DDIM/DDPM → eps, FlowMatchEuler → flow")
-    sched_config = json.loads(sched_file.read_text())
-    name = sched_config.get("_class_name", "")
-    if name in EPS_SCHEDULERS:
-        param = "eps"
-        if sched_config.get("prediction_type", "epsilon") != "epsilon":
-            raise IcmlError(f"scheduler of '{path}' predicts {sched_config['prediction_type']}",
-                            "diverse-init supports ε-prediction (DDIM/DDPM) and rectified flow (FlowMatchEuler)")
-        scheduler = diffusers.DDIMScheduler.from_config({**sched_config, "clip_sample": False})
-    elif name in FLOW_SCHEDULERS:
-        param = "flow"
-        scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(sched_config)
+    or a pipeline dir (unet/ + scheduler/), after the header checks of `config.check_checkpoint` (which
+    `check_inputs` ran on a user's --model before the run existed). Raises IcmlError with one line."""
+    from icml.methods.diverse_init.config import check_checkpoint
+
+    ckpt = check_checkpoint(path, null_class)
+    if ckpt.param == "eps":  # the β table of any ε scheduler, sampled with DDIM (η = 0, no clipping)
+        scheduler = diffusers.DDIMScheduler.from_config({**ckpt.scheduler, "clip_sample": False})
     else:
-        raise IcmlError(f"scheduler '{name}' of '{path}' is not supported",
-                        "use a DDIM/DDPM (eps) or FlowMatchEulerDiscrete (flow) scheduler config")
-    cls = config.get("_class_name", "")
+        scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_config(ckpt.scheduler)
+    model_class = diffusers.UNet2DModel if ckpt.model_class == "UNet2DModel" else GmmDenoiser
     try:
-        if cls == "UNet2DModel":
-            model = diffusers.UNet2DModel.from_pretrained(model_dir, local_files_only=True, low_cpu_mem_usage=False)
-        elif cls == "GmmDenoiser":
-            model = GmmDenoiser.from_pretrained(model_dir, local_files_only=True, low_cpu_mem_usage=False)
-        else:
-            raise IcmlError(f"model class '{cls}' of '{path}' is not supported", "pass a UNet2DModel directory")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise IcmlError(f"cannot load '{model_dir}': {str(exc).splitlines()[0]}",
+        model = model_class.from_pretrained(ckpt.model_dir, local_files_only=True, low_cpu_mem_usage=False)
+    except (OSError, ValueError, RuntimeError) as exc:  # headers pass but the tensors do not fit the config
+        raise IcmlError(f"cannot load '{ckpt.model_dir}': {str(exc).splitlines()[0]}",
                         "re-save it with save_pretrained") from None
     model.eval().requires_grad_(False)
-    n_embeds = config.get("num_class_embeds")
-    conditional = bool(n_embeds)
-    null = (null_class if null_class is not None else n_embeds - 1) if conditional else None
-    if conditional and not 0 <= null < n_embeds:
-        raise IcmlError(f"null_class {null} is outside the model's {n_embeds} class embeddings",
-                        "set --set null_class=<index of the unconditional embedding>")
-    return model, scheduler, param, null, conditional
+    return model, scheduler, ckpt.param, ckpt.null, ckpt.null is not None
 
 
 # the feature classifier ----------------------------------------------------------------------------------

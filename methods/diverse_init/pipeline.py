@@ -114,14 +114,11 @@ def train_classifier_job(run_path: str, cfg, run_seed: int) -> dict:
 
 
 def _check_user_model(cfg) -> None:
-    from icml.methods.diverse_init.model import load_checkpoint
+    """What the run cannot use is refused (`check_inputs`); an unconditional model runs, with a warning."""
+    from icml.methods.diverse_init.config import check_checkpoint, check_inputs
 
-    net, _, _, _, conditional = load_checkpoint(cfg.model, cfg.null_class)
-    shape = (net.config.in_channels, net.config.sample_size)
-    if shape != (1, 16):
-        raise IcmlError(f"model '{cfg.model}' makes {shape[0]}×{shape[1]}² samples; eval measures 1×16² digits",
-                        "use `icml diverse-init generate --model DIR` for other models")
-    if not conditional:
+    check_inputs(cfg)  # again: --resume skips the lifecycle's check, and the directory may have changed since
+    if check_checkpoint(cfg.model, cfg.null_class).null is None:
         from icml.cli import console
 
         console.say(f"warning: model '{cfg.model}' is unconditional (no num_class_embeds): U ≡ 0, DivIn = prior "
