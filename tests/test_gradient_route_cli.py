@@ -190,9 +190,18 @@ def test_user_folder_and_local_gpt2(icml, tmp_path):
     from icml.cli.config import apply_overrides
     from icml.methods.gradient_route.config import preset
 
+    from test_gradient_route_checkpoint import _bpe_tokenizer
+
     cfg = apply_overrides(preset("smoke"), [a for a in TINY[3::2]])
     model_dir = tmp_path / "gpt2"
-    GPT2LMHeadModel(gpt2_config(cfg, 57, 48)).save_pretrained(model_dir)
+    tokenizer = _bpe_tokenizer()
+    GPT2LMHeadModel(gpt2_config(cfg, len(tokenizer), 48)).save_pretrained(model_dir)
+    # without its tokenizer the run would feed character ids into the checkpoint's embedding: refused up front
+    runs = sorted((tmp_path / "runs" / "gradient-route").iterdir())
+    result = icml("gradient-route", "train", *TINY, "--model", model_dir, "--set", "profiles=core")
+    assert result.code == 2 and "has no tokenizer" in result.err
+    assert sorted((tmp_path / "runs" / "gradient-route").iterdir()) == runs  # no run was created
+    tokenizer.save_pretrained(model_dir)
     result = icml("gradient-route", "train", *TINY, "--model", model_dir, "--set", "variants=baseline,gram",
                   "--set", "profiles=core", "--json")
     assert result.code == 0, result.err

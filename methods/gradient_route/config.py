@@ -2,7 +2,8 @@
 
 `--data DIR` sets `data` (one subfolder per domain: `core`, the auxiliary domains, optional
 `unlabelled`); `data=synthetic` (the default) is the seeded topic-story corpus. `--model DIR` sets
-`model` (a GPT-2 checkpoint whose MLPs become the core).
+`model` (a GPT-2 checkpoint whose MLPs become the core); its own tokenizer then tokenises the data
+unless `tokenizer=` names another.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ VARIANTS = MAIN + OPTIONAL + ABLATIONS
 ROUTINGS = ("stratified", "bernoulli")
 AUX_TOPICS = ["a0", "a1", "a2", "a3"]
 CORE_TOPICS = [f"t{i}" for i in range(8)]
+# config.json model_types --model takes: model.py puts RoutedMLPs in place of the GPT2MLPs (Conv1D c_fc/c_proj)
+# of a GPT2LMHeadModel; other families' blocks have other MLPs, so they are refused, not half-converted
+SUPPORTED_FAMILIES = ("gpt2",)
 
 
 @dataclass
@@ -62,8 +66,8 @@ class TitrationConfig:
 @dataclass
 class GradientRouteConfig:
     data: str = "synthetic"  # synthetic | a folder with one subfolder per domain
-    tokenizer: str | None = None  # a local tokenizer dir for user data (default: characters + <unk>)
-    model: str | None = None  # a local GPT-2 checkpoint dir: its MLPs become the core (continued pretraining)
+    tokenizer: str | None = None  # a local tokenizer dir (default: --model's own; without --model, characters)
+    model: str | None = None  # a GPT-2 checkpoint dir (save_pretrained, with its tokenizer): its MLPs become the core
     variants: list[str] = field(default_factory=lambda: MAIN + OPTIONAL)  # + ABLATIONS: a second run (README)
     profiles: list[str] = field(default_factory=lambda: ["core", "core+a0", "core+a1"])  # or `all`: every subset
     seeds: int = 1  # models per variant at seeds seed, seed+1, …; the report gives 90% t-intervals over them
@@ -151,10 +155,8 @@ def validate(cfg: GradientRouteConfig) -> None:
             raise ValueError(f"data '{cfg.data}' is not a folder (use data=synthetic or a folder of domain subfolders)")
         if not (path / "core").is_dir():
             raise ValueError(f"data '{cfg.data}' has no 'core' subfolder (one subfolder per domain, core = D1)")
-    for key in ("tokenizer", "model"):
-        value = getattr(cfg, key)
-        if value is not None and not Path(value).is_dir():
-            raise ValueError(f"{key} '{value}' is not a local checkpoint directory")
+    if cfg.tokenizer is not None and not Path(cfg.tokenizer).is_dir():  # --model: check_inputs, from its headers
+        raise ValueError(f"tokenizer '{cfg.tokenizer}' is not a local tokenizer directory")
     if cfg.routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, not '{cfg.routing}'")
     for key in ("p_as", "p_cr", "label_frac", "core_share"):
@@ -211,10 +213,48 @@ def validate(cfg: GradientRouteConfig) -> None:
             raise ValueError(f"titration.module '{cfg.titration.module}' is not one of {', '.join(AUX_TOPICS)}")
 
 
+def tokenizer_dir(cfg: GradientRouteConfig) -> str | None:
+    """Where the data's tokenizer is: `tokenizer=`, else the --model checkpoint's own (its embedding rows are
+    that tokenizer's ids: character ids would index unrelated rows), else None (characters)."""
+    return cfg.tokenizer if cfg.tokenizer is not None else cfg.model
+
+
 def check_inputs(cfg: GradientRouteConfig) -> None:
-    """Before a run exists: every document of a --data folder is read as the run reads it (UTF-8, JSON lines,
-    Parquet with a text column)."""
+    """Before a run exists: the --model checkpoint (headers, and the tokenizer the data will use) and every
+    document of a --data folder, read as the run reads it (UTF-8, JSON lines, Parquet with a text column)."""
+    if cfg.model is not None:
+        check_model(cfg)
     if cfg.data != "synthetic":
         from icml.methods.gradient_route.data import read_domains
 
         read_domains(cfg.data)
+
+
+def check_model(cfg: GradientRouteConfig) -> None:
+    """--model is a GPT-2 checkpoint directory with whole weights, its positions cover gpt.context, and the
+    data's tokenizer (its own unless tokenizer= is set) loads and has no id past its embedding."""
+    import json
+
+    from icml.cli import checkpoints
+    from icml.cli.errors import UsageError
+    from icml.methods.gradient_route.data import HFTokenizer
+
+    ckpt = checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "gradient-route", tokenizer=False)
+    if cfg.tokenizer is None and not any((ckpt.directory / f).is_file() for f in checkpoints.TOKENIZER_FILES):
+        raise UsageError(f"--model '{cfg.model}' has no tokenizer to write the data in its vocabulary "
+                         f"({' / '.join(checkpoints.TOKENIZER_FILES)})",
+                         "save its tokenizer beside it (tokenizer.save_pretrained(dir)) or --set tokenizer=DIR")
+    if ckpt.gguf_file is not None:  # quantised weights: training continues a float32 GPT2LMHeadModel
+        raise UsageError(f"--model '{cfg.model}' is a .gguf file; gradient-route trains a GPT-2 checkpoint directory",
+                         "give the directory save_pretrained wrote (config.json, model.safetensors, tokenizer)")
+    config = json.loads((ckpt.directory / "config.json").read_text(encoding="utf-8"))
+    positions = config.get("n_positions", 1024)  # GPT2Config's default when a config.json leaves it out
+    if cfg.gpt.context > positions:
+        raise UsageError(f"gpt.context ({cfg.gpt.context}) is more than the {positions} positions of --model "
+                         f"'{cfg.model}'",
+                         f"--set gpt.context={positions} or less")
+    tokenizer = HFTokenizer(tokenizer_dir(cfg))
+    if len(tokenizer) > config.get("vocab_size", 0):
+        raise UsageError(f"tokenizer '{tokenizer_dir(cfg)}' has {len(tokenizer)} tokens, more than the "
+                         f"{config.get('vocab_size', 0)} embedding rows of --model '{cfg.model}'",
+                         "leave tokenizer unset (the checkpoint's own) or give the tokenizer it was trained with")

@@ -4,7 +4,8 @@ Synthetic: 12 topics (t0–t7 core, a0–a3 auxiliary) of character-level storie
 alphabet. Every word is built from the same syllables, so a model without a topic's module still
 sees no unseen token: what it loses is the topic's names, objects and entity → object facts. Each
 story is seeded by SeedSequence([seed, stream, topic, index]), so the corpus is a pure function
-of the seed and every split is a prefix-stable stream of windows.
+of the seed and every split is a prefix-stable stream of windows. With `--model` (or `tokenizer=`)
+the same stories are tokenised by that tokenizer instead of by characters.
 
 User data: `data=DIR` with one subfolder per domain (`core` is D₁, `unlabelled` optional); files
 *.txt (one document), *.jsonl or *.parquet (one document per record's `text`); a document goes
@@ -200,8 +201,9 @@ class Corpus:
 
 
 class SyntheticCorpus(Corpus):
-    def __init__(self, seed: int, context: int, val_windows: int, attack_windows: int):
-        super().__init__(CharTokenizer(ALPHABET), list(AUX_TOPICS), context + 1, "synthetic topic stories")
+    def __init__(self, seed: int, context: int, val_windows: int, attack_windows: int, tokenizer: str | None = None):
+        tok = HFTokenizer(tokenizer) if tokenizer is not None else CharTokenizer(ALPHABET)
+        super().__init__(tok, list(AUX_TOPICS), context + 1, "synthetic topic stories")
         self.seed = seed
         self.world = build_world(seed)
         self._streams: dict[tuple[str, str], list[int]] = {}
@@ -338,6 +340,8 @@ class FolderCorpus(Corpus):
 
 
 def build_corpus(cfg, seed: int) -> Corpus:
+    from icml.methods.gradient_route.config import tokenizer_dir
+
     if cfg.data == "synthetic":
-        return SyntheticCorpus(seed, cfg.gpt.context, cfg.val_windows, cfg.elicit.attack_windows)
-    return FolderCorpus(cfg.data, cfg.gpt.context, cfg.val_windows, cfg.elicit.attack_windows, cfg.tokenizer)
+        return SyntheticCorpus(seed, cfg.gpt.context, cfg.val_windows, cfg.elicit.attack_windows, tokenizer_dir(cfg))
+    return FolderCorpus(cfg.data, cfg.gpt.context, cfg.val_windows, cfg.elicit.attack_windows, tokenizer_dir(cfg))

@@ -21,10 +21,10 @@ import time
 UNSEEN_WORLD = 1000  # a world seed no run uses as its data seed in this package's presets and tests
 
 
-def unseen_topic(cfg, n: int):
-    from icml.methods.gradient_route.data import ALPHABET, CharTokenizer, _cut, build_world, story
+def unseen_topic(cfg, n: int, tokenizer):
+    from icml.methods.gradient_route.data import _cut, build_world, story
 
-    world, tokenizer, ids, index = build_world(UNSEEN_WORLD), CharTokenizer(ALPHABET), [], 0
+    world, ids, index = build_world(UNSEEN_WORLD), [], 0
     while len(ids) < n * (cfg.gpt.context + 1):
         ids += tokenizer.encode(story(world, UNSEEN_WORLD, "val", "a1", index))
         index += 1
@@ -41,7 +41,7 @@ def topic_gap(overrides: list[str]) -> None:
 
     cfg = apply_overrides(preset("default"), overrides)
     corpus = build_corpus(cfg, 0)
-    unseen = unseen_topic(cfg, cfg.val_windows)
+    unseen = unseen_topic(cfg, cfg.val_windows, corpus.tokenizer)  # the run's tokenizer: --model's, or characters
     model = build_model(cfg, corpus.vocab_size, cfg.d_dense, [], cfg.d_aux, 0)
     base = T.baseline_counts(cfg, corpus)
     steps = T.plan({d: corpus.train(d, n) for d, n in base.items()}, cfg, 0, routed=False, modules=[])

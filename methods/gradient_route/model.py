@@ -65,13 +65,18 @@ def build_model(cfg, vocab_size: int, width: int, aux: Iterable[str], d_aux: int
     """
     torch.manual_seed(seed)
     if cfg.model is not None:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # every training job loads the checkpoint: no bar per load on stderr
         try:
-            model = GPT2LMHeadModel.from_pretrained(cfg.model, local_files_only=True)
+            # float32 whatever the checkpoint's dtype: the optimisers and every comparison here are float32
+            model = GPT2LMHeadModel.from_pretrained(cfg.model, local_files_only=True, dtype=torch.float32)
         except (OSError, ValueError) as exc:
             raise ValueError(f"model '{cfg.model}' is not a GPT-2 checkpoint ({str(exc).splitlines()[0]})") from None
         if model.config.vocab_size < vocab_size:
             raise ValueError(f"model '{cfg.model}' has {model.config.vocab_size} tokens but the data need "
-                             f"{vocab_size}; pass tokenizer=<the model's tokenizer dir>")
+                             f"{vocab_size}; leave tokenizer unset (the model's own) or give the one it was "
+                             "trained with")
         model.config.tie_word_embeddings = False
         if model.lm_head.weight is model.transformer.wte.weight:  # untie: the head is a core parameter of its own
             model.lm_head.weight = nn.Parameter(model.transformer.wte.weight.detach().clone())

@@ -30,7 +30,7 @@ def corpus_for(cfg, seed: int):
     """The run's corpus, built once per process (workers rebuild it: it is a function of the seed)."""
     from icml.methods.gradient_route.data import build_corpus
 
-    key = (cfg.data, cfg.tokenizer, seed, cfg.gpt.context, cfg.val_windows, cfg.elicit.attack_windows)
+    key = (cfg.data, cfg.tokenizer, cfg.model, seed, cfg.gpt.context, cfg.val_windows, cfg.elicit.attack_windows)
     if key not in _corpus_cache:
         _corpus_cache.clear()
         _corpus_cache[key] = build_corpus(cfg, seed)

@@ -6,7 +6,7 @@ procedural metaphor-video benchmark with held-out element→idea mappings, a syn
 MLLM trained from scratch; local HF image-text models, encoders and judges plug in by path.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.metaphor_bench.config import VARIANTS, MetaphorBenchConfig, preset, validate
+from icml.methods.metaphor_bench.config import VARIANTS, MetaphorBenchConfig, check_inputs, preset, validate
 
 TYPE_METRICS = ["score_bl", "score_al", "score_cs", "score_ns", "score_cm", "score_am", "score_pn", "score_sn"]
 
@@ -20,6 +20,7 @@ METHOD = Method(
     config=MetaphorBenchConfig,
     preset=preset,
     validate=validate,
+    check_inputs=check_inputs,
     tags={"judge": "string", "model": "string", "kg": "string", "hops": "int64", "top_k": "int64",
           "query_mode": "string", "reference_mode": "string"},
     metrics={"overall": HIGHER, "overall_all": HIGHER, "strict_pct": HIGHER, **{m: HIGHER for m in TYPE_METRICS},

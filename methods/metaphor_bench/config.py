@@ -11,6 +11,9 @@ VARIANTS = ["no_kg", "kg_h1", "kg_h2", "random_kg", "oracle_kg", "kg_k0"]
 JUDGES = ("rule", "llm")
 QUERY_MODES = ("keywords", "descriptions")
 REFERENCE_MODES = ("simple", "examples")
+# config.json model_types model= takes: hf.py drives them through AutoModelForImageTextToText and their
+# processor's chat template (the text, then one image per frame); each is tested on a tiny random checkpoint
+SUPPORTED_FAMILIES = ("llava", "qwen2_vl", "qwen2_5_vl")
 TYPES = {"bl": "Body_Language", "al": "Atmosphere_Language", "cs": "Cultural_Symbol",
          "ns": "Naturalistic_Symbol", "cm": "Causal_Montage", "am": "Analogical_Montage",
          "pn": "Performative_Narrative", "sn": "Surreal_Narrative"}
@@ -22,7 +25,7 @@ class MetaphorBenchConfig:
     kg_json: str | None = None  # metaphor_graph.json (official schema); none: the synthetic KG
     kg_emb: str | None = None  # metaphor_graph_embedding_word.pt, row i = node "i"
     embed_model: str | None = None  # local HF encoder (mean-pooled); none: char-3-gram hashing
-    model: str | None = None  # local HF image-text model; none: the tiny MLLM trained in `train`
+    model: str | None = None  # local image-text checkpoint (llava, qwen2_vl, qwen2_5_vl); none: the tiny MLLM
     judge_model: str | None = None  # local HF causal LM for judge=llm
     judge: str = "rule"
     prompts: str | None = None  # a checkout of the official MetaphorVU repo (or a JSON file); none: ours (README)
@@ -125,3 +128,29 @@ def validate(cfg: MetaphorBenchConfig) -> None:
         raise ValueError(f"lr must be positive, not {cfg.lr}")
     if cfg.eval_items is not None and cfg.eval_items < 1:
         raise ValueError(f"eval_items must be positive or none, not {cfg.eval_items}")
+
+
+def check_inputs(cfg: MetaphorBenchConfig) -> None:
+    """Before a run exists (train does nothing with model=, so a bad one used to pass it and fail in eval):
+    model= is a checkpoint of a family hf.py drives, with whole weights, a tokenizer and an image
+    processor; headers only."""
+    if cfg.model:
+        from icml.cli import checkpoints
+        from icml.cli.errors import UsageError
+
+        ckpt = checkpoints.check(cfg.model, SUPPORTED_FAMILIES, "metaphor-bench")
+        if not _has_image_processor(ckpt.directory):
+            raise UsageError(f"--model '{cfg.model}' has no image processor (preprocessor_config.json, or "
+                             "image_processor in processor_config.json)",
+                             "save the processor into the same directory (processor.save_pretrained(dir))")
+
+
+def _has_image_processor(folder) -> bool:
+    import json
+
+    if (folder / "preprocessor_config.json").is_file():
+        return True
+    try:  # transformers 5 writes the image processor's settings into processor_config.json
+        return "image_processor" in json.loads((folder / "processor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
