@@ -49,8 +49,9 @@ class Checkpoint:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {"local_files_only": True}
 
 
-def resolve(given: str, option: str = "--model") -> Checkpoint:
-    """The checkpoint `given` names, from its headers only; one UsageError line if it is none."""
+def resolve(given: str, option: str = "--model", weights: bool = True) -> Checkpoint:
+    """The checkpoint `given` names, from its headers only (`weights`: and a directory's weights whole);
+    one UsageError line if it is none."""
     if given in SHORT_NAMES:
         return _installed(given, option)
     path = Path(given).expanduser()
@@ -73,7 +74,8 @@ def resolve(given: str, option: str = "--model") -> Checkpoint:
     if not model_type:
         raise UsageError(f"{option} '{given}': config.json has no model_type",
                          "give a transformers checkpoint (save_pretrained writes model_type)")
-    check_weights(path, given, option)
+    if weights:
+        check_weights(path, given, option)
     return Checkpoint(path, None, str(model_type), given)
 
 
@@ -81,10 +83,12 @@ def check(given: str, families: Iterable[str], method: str, tokenizer: bool = Tr
           option: str = "--model") -> Checkpoint:
     """`resolve`, then: is it of a family `method` supports, and does it carry a tokenizer if one is needed."""
     families = tuple(families)
-    ckpt = resolve(given, option)
+    ckpt = resolve(given, option, weights=False)
     if ckpt.model_type not in families:
         raise UsageError(f"{option} '{given}' is a {ckpt.model_type} checkpoint; {method} supports "
-                         f"{', '.join(families)}", f"give a checkpoint of one of those families")
+                         f"{', '.join(families)}", "give a checkpoint of one of those families")
+    if ckpt.gguf_file is None:  # the family first: a wrong one is the more useful line
+        check_weights(ckpt.directory, given, option)
     if tokenizer and ckpt.gguf_file is None and not any((ckpt.directory / f).is_file() for f in TOKENIZER_FILES):
         raise UsageError(f"{option} '{given}' has no tokenizer ({' / '.join(TOKENIZER_FILES)})",
                          "save the tokenizer into the same directory (tokenizer.save_pretrained(dir))")

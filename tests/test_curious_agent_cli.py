@@ -104,10 +104,10 @@ def test_model_option_trains_and_evaluates_a_local_hf_vlm(icml, tmp_path):
     (bad / "config.json").write_text('{"model_type": "gpt2"}')  # an architecture --model does not take
     result = icml("curious-agent", "train", *TINY[:-4], "--set", "arms=glance", "--model", str(bad))
     assert result.code == 2 and "Traceback" not in result.err, result.err
-    assert "model_type 'gpt2'" in result.err and "supported model types: llava, qwen2_5_vl" in result.err
+    assert "is a gpt2 checkpoint; curious-agent supports llava, qwen2_5_vl" in result.err
     (bad / "config.json").write_text('{"model_type": "qwen2_5_vl"}')  # a supported type without weights
     result = icml("curious-agent", "train", *TINY[:-4], "--set", "arms=glance", "--model", str(bad))
-    assert result.code == 2 and "cannot be loaded" in result.err and "Traceback" not in result.err, result.err
+    assert result.code == 2 and "has no weights" in result.err and "Traceback" not in result.err, result.err
 
 
 def test_model_option_runs_a_local_qwen2_5_vl_through_train_eval_report(icml, tmp_path):

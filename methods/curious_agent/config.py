@@ -175,19 +175,14 @@ def validate(cfg: CuriousAgentConfig) -> None:
 
 
 def vlm_type(path: str) -> str:
-    """The `model_type` of the checkpoint's config.json, if --model supports it; else one ValueError line."""
-    import json
-    from pathlib import Path
+    """The `model_type` of a --model checkpoint of SUPPORTED_VLMS, read from its headers (config.json,
+    weights whole: cli/checkpoints.py) and its image processor; else one line naming the fix."""
+    from icml.cli import checkpoints
 
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        raise ValueError(f"--model '{path}' is not a Hugging Face checkpoint directory (no config.json); "
-                         "pass a folder written by save_pretrained")
-    try:
-        model_type = json.loads(config.read_text()).get("model_type")
-    except (ValueError, AttributeError):
-        raise ValueError(f"--model '{path}': config.json is not a JSON object; pass a folder written by save_pretrained") from None
-    if model_type not in SUPPORTED_VLMS:
-        raise ValueError(f"--model '{path}' has model_type '{model_type}', which is not supported; "
-                         f"supported model types: {', '.join(SUPPORTED_VLMS)}")
-    return model_type
+    if str(path).endswith(".gguf"):
+        raise ValueError(f"--model '{path}' is a GGUF file; curious-agent needs a VLM directory ({', '.join(SUPPORTED_VLMS)})")
+    ckpt = checkpoints.check(path, SUPPORTED_VLMS, "curious-agent", tokenizer=False)  # f_v reads pixels, no text
+    if not (ckpt.directory / "preprocessor_config.json").is_file():
+        raise ValueError(f"--model '{path}' has no preprocessor_config.json (the image processor) — save it there "
+                         "with AutoImageProcessor.save_pretrained(DIR)")
+    return ckpt.model_type
