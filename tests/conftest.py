@@ -126,3 +126,24 @@ def chat_ids(tokenizer, text: str):
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                         return_tensors="pt")
     return ids if torch.is_tensor(ids) else ids["input_ids"]
+
+
+def family_checkpoint(folder, config) -> str:
+    """A tiny random causal LM of `config`'s family saved with a letter-level tokenizer (<pad>, <eos>, a-z) into
+    `folder`; its biases are drawn away from their zero init so that a loader dropping them shows."""
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    lm.save_pretrained(folder)
+    letters = Tokenizer(WordLevel({"<pad>": 0, "<eos>": 1, **{chr(97 + i): i + 2 for i in range(26)}},
+                                  unk_token="<pad>"))
+    PreTrainedTokenizerFast(tokenizer_object=letters, eos_token="<eos>", pad_token="<pad>").save_pretrained(folder)
+    return str(folder)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
+from conftest import family_checkpoint
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, MistralConfig,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config)
+                          Qwen2Config, Qwen3Config)
 
 from icml.cli.errors import UsageError
 from icml.methods.latent_thought.config import SUPPORTED_FAMILIES, LatentThoughtConfig, check_inputs
@@ -21,16 +20,7 @@ CONFIGS = {"llama": LlamaConfig(**SIZES), "mistral": MistralConfig(**SIZES), "qw
 
 
 def checkpoint(tmp_path, family: str) -> str:
-    torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_config(CONFIGS[family])
-    with torch.no_grad():  # biases (Qwen2's q/k/v) are initialised to 0: make dropping them visible
-        for name, p in lm.named_parameters():
-            if name.endswith(".bias"):
-                p.normal_(0, 0.5)
-    lm.save_pretrained(tmp_path / family)
-    words = Tokenizer(WordLevel({"[UNK]": 0, **{chr(97 + i): i + 1 for i in range(26)}}, unk_token="[UNK]"))
-    PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(tmp_path / family)
-    return str(tmp_path / family)
+    return family_checkpoint(tmp_path / family, CONFIGS[family])
 
 
 def test_every_supported_family_is_pinned_here():

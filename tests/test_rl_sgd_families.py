@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
+from conftest import family_checkpoint
 from transformers import (AutoModelForCausalLM, BertConfig, BertModel, GPT2Config, LlamaConfig, MistralConfig,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config)
+                          Qwen2Config, Qwen3Config)
 
 from icml.cli.errors import UsageError
 from icml.methods.rl_sgd.config import SUPPORTED_FAMILIES, RlSgdConfig, check_inputs
@@ -22,18 +21,7 @@ CONFIGS = {"llama": LlamaConfig(**SIZES), "mistral": MistralConfig(**SIZES), "qw
 
 
 def checkpoint(tmp_path, family: str) -> str:
-    torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_config(CONFIGS[family])
-    with torch.no_grad():  # zero-initialised biases would hide a loader that drops them
-        for name, p in lm.named_parameters():
-            if name.endswith(".bias"):
-                p.normal_(0, 0.5)
-    lm.save_pretrained(tmp_path / family)
-    words = Tokenizer(WordLevel({"<pad>": 0, "<eos>": 1, **{chr(97 + i): i + 2 for i in range(26)}},
-                                unk_token="<pad>"))
-    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>", pad_token="<pad>").save_pretrained(
-        tmp_path / family)
-    return str(tmp_path / family)
+    return family_checkpoint(tmp_path / family, CONFIGS[family])
 
 
 def test_every_supported_family_is_pinned_here():
