@@ -63,14 +63,14 @@ def root(version: Annotated[bool, typer.Option(
 @app.command("list")
 @guarded
 def list_methods(json_: Json = False, quiet: Quiet = False, debug: Debug = False):
-    """The methods: subcommand, paper, arXiv id and status."""
+    """The methods: subcommand, result at our scale, status, arXiv id and paper."""
     methods = registry.all_methods()
     if json_:
-        console.emit_json({"methods": [{"name": m.name, "title": m.title, "arxiv": m.arxiv,
+        console.emit_json({"methods": [{"name": m.name, "title": m.title, "arxiv": m.arxiv, "result": m.result,
                                         "status": m.status, "summary": m.summary} for m in methods]})
         return
-    console.listing("icml methods", ["method", "status", "arXiv", "paper"],
-                    [[m.name, m.status, m.arxiv, m.title] for m in methods])
+    console.listing("icml methods", ["method", "result", "status", "arXiv", "paper"],
+                    [[m.name, m.result or "–", m.status, m.arxiv, m.title] for m in methods])
 
 
 @app.command("runs")

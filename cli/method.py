@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 PRESETS = ("smoke", "default", "paper")
+RESULTS = ("reproduced", "partly", "not at this scale")  # Method.result
 HIGHER, LOWER = "higher", "lower"
 
 
@@ -41,6 +42,10 @@ class Method:
     # random choice of the method (data, injection, partition, init) — tests/test_seeds.py checks it.
     deterministic: str = ""
     preset_times: dict[str, str] = field(default_factory=dict)  # preset -> measured time on 2 cores, e.g. "≈ 40 s"
+    # What the method's measured verdicts say of the paper at our scale: reproduced (the paper's headline claims
+    # hold) | partly (some hold) | not at this scale (none shown). `icml list` prints it; the top README's
+    # methods table carries the same word (tests/test_list_status.py).
+    result: str = ""
 
     def part(self, name: str) -> ModuleType:
         return importlib.import_module(f"{self.package}.{name}")

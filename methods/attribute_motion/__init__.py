@@ -10,6 +10,7 @@ METHOD = Method(
     title="Motion Attribution for Video Generation",
     arxiv="2601.08828",
     status="complete",
+    result="partly",
     summary="Motive: motion-masked gradient attribution (Fastfood JL) selects clips that teach a video model a motion.",
     config=AttributeMotionConfig,
     preset=preset,

@@ -8,6 +8,7 @@ METHOD = Method(
     title="Why Linear Recurrent Memory Works in Partially Observable Reinforcement Learning",
     arxiv="2605.31261",
     status="complete",
+    result="partly",
     summary="Exact logit filter, approximate leaky linear filter and filter features for RL.",
     config=BeliefFilterConfig,
     preset=preset,

@@ -8,6 +8,7 @@ METHOD = Method(
     title="What You Think is What You See: Driving Exploration in VLM Agents via Visual-Linguistic Curiosity",
     arxiv="2605.03782",
     status="complete",  # diagnosed negative at this scale (README)
+    result="not at this scale",
     summary="GLANCE: curiosity from a tiny VLM agent's linguistic next-state prediction, in MiniGrid.",
     config=CuriousAgentConfig,
     preset=preset,

@@ -10,6 +10,7 @@ METHOD = Method(
     title="Initialization is Half the Battle: Generating Diverse Images from a Guidance Potential Posterior",
     arxiv="2606.02453",
     status="complete",  # both tiers over 3 pipeline seeds (README): digits gain shown, GMM not shown
+    result="partly",
     summary="DivIn: Langevin-sample the initial noise from the guidance-potential posterior for diverse CFG samples.",
     config=DiverseInitConfig,
     preset=preset,

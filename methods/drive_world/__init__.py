@@ -10,6 +10,7 @@ METHOD = Method(
     title="VectorWorld: Efficient Streaming World Model via Diffusion Flow on Vector Graphs",
     arxiv="2603.17652",
     status="complete",  # ΔSim's 1 km stalls are a diagnosed negative (README: which agent stops the ego)
+    result="partly",
     summary="Vector-graph tiles, gated VAE, edge-gated MeanFlow DiT (one-step outpainting), ΔSim NPCs, rollouts.",
     config=DriveWorldConfig,
     preset=preset,

@@ -10,6 +10,7 @@ METHOD = Method(
     title="Scalable Event Cloud Network for Event-based Classification",
     arxiv="2412.20803",
     status="complete",
+    result="reproduced",
     summary="SECNet: event-cloud classification with D-FPS, EF-KNN and Fourier-domain aggregation.",
     config=EventClassifyConfig,
     preset=preset,

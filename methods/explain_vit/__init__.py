@@ -11,6 +11,7 @@ METHOD = Method(
     title="DAVE: Distribution-aware Attribution via ViT Gradient Decomposition",
     arxiv="2602.06613",
     status="complete",  # montage metrics unmeasured at default: the toy ViT is confident on one class (README)
+    result="partly",
     summary="DAVE attribution for ViTs: effective-gradient decomposition, equivariance averaging, low-pass stabilisation.",
     config=ExplainVitConfig,
     preset=preset,

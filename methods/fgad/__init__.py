@@ -13,6 +13,7 @@ METHOD = Method(
     title="MV-FGAD: Towards Efficient and Effective Federated Graph Anomaly Detection via Multi-view Learning",
     arxiv="none (OpenReview yBcY0bY45t)",
     status="complete",
+    result="partly",
     summary="Federated graph anomaly detection: FedAvg GCN + private three-view Mahalanobis detectors.",
     config=FgadConfig,
     preset=preset,

@@ -14,6 +14,7 @@ METHOD = Method(
     title="Diffusion Flow Matching: Dimension-Improved KL Bounds and Wasserstein Guarantees",
     arxiv="2606.16610",
     status="complete",
+    result="partly",
     summary="Bridge-matching discretization bounds checked against exact Gaussian and learned drifts.",
     config=FlowBoundsConfig,
     preset=preset,

@@ -14,6 +14,7 @@ METHOD = Method(
     title="Modular Pretraining Enables Access Control",
     arxiv="none (ICML 2026 poster 60631)",
     status="complete",
+    result="reproduced",
     summary="GRAM: route each domain's gradients into a removable MLP module; serve profiles by deleting modules.",
     config=GradientRouteConfig,
     preset=preset,

@@ -10,6 +10,7 @@ METHOD = Method(
     title="EntroKV: Entropy-Guided Dynamic Budget Allocation for KV-Cache Compression",
     arxiv="OpenReview xhAMjsnWUe (no arXiv id)",
     status="complete",
+    result="not at this scale",
     summary="Per-head KV-cache budgets from normalised attention entropy; SnapKV/H2O/StreamingLLM eviction.",
     config=KvCompressConfig,
     preset=preset,

@@ -10,6 +10,7 @@ METHOD = Method(
     title="PonderLM-2: Pretraining LLM with Latent Thoughts in Continuous Space",
     arxiv="2509.23184",
     status="complete",
+    result="partly",
     summary="PonderLM-2: K latent thoughts per token (fed-back hidden states), Jacobi training, exact decoding.",
     config=LatentThoughtConfig,
     preset=preset,

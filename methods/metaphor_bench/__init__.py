@@ -16,6 +16,7 @@ METHOD = Method(
     title="MetaphorVU: Towards Metaphorical Video Understanding",
     arxiv="2605.25461",
     status="complete",  # diagnosed negative at this scale (README)
+    result="not at this scale",
     summary="Metaphorical-video benchmark harness + MetaphorBoost KG retrieval, procedural benchmark with held-out mappings.",
     config=MetaphorBenchConfig,
     preset=preset,

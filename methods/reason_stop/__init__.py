@@ -10,6 +10,7 @@ METHOD = Method(
     title="Stop When Further Reasoning Won't Help: Attention-State Adaptive Generation in Reasoning Models",
     arxiv="2606.15070",
     status="complete",  # diagnosed negative: the default shows no accuracy effect over 3 seeds (README)
+    result="partly",
     summary="Early exit, logit injection and jump prompts from probe confidence and attention entropy (ASAG).",
     config=ReasonStopConfig,
     preset=preset,

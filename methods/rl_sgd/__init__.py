@@ -10,6 +10,7 @@ METHOD = Method(
     title="Do We Need Adam? Surprisingly Strong and Sparse Reinforcement Learning with SGD in LLMs",
     arxiv="2602.07729",
     status="complete",
+    result="partly",
     summary="GRPO with SGD vs AdamW (and momentum/adaptivity ablations): accuracy, bf16 update density, rank, memory.",
     config=RlSgdConfig,
     preset=preset,

@@ -10,6 +10,7 @@ METHOD = Method(
     title="On the Sharp Input-Output Analysis of Nonlinear Systems under Adversarial Attacks",
     arxiv="2505.11688",
     status="complete",
+    result="reproduced",
     summary="Non-squared ℓ₂ (sum of row norms) vs least squares for input-output maps under sparse attacks.",
     config=RobustSysidConfig,
     preset=preset,

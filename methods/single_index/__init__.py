@@ -15,6 +15,7 @@ METHOD = Method(
     title="Joint Learning in the Gaussian Single Index Model",
     arxiv="2505.21336",
     status="complete",
+    result="reproduced",
     summary="Hermite-coordinate ODE (joint vs planted, escape ~ d^(s−1), the trap) and the RKHS alternating estimator.",
     config=SingleIndexConfig,
     preset=preset,

@@ -9,6 +9,7 @@ METHOD = Method(
     title="Self-Soupervision: Cooking Model Soups without Labels",
     arxiv="2602.02890",
     status="complete",
+    result="not at this scale",
     summary="Self-supervised ingredients cooked on shifted images, souped and fine-tuned back; corruption benchmark.",
     config=SoupConfig,
     preset=preset,

@@ -13,6 +13,7 @@ METHOD = Method(
     title="Delving into Muon and Beyond: Deep Analysis and Extensions",
     arxiv="2602.04669",
     status="complete",
+    result="reproduced",
     summary="Spectral transforms Ψ_p (Muon at p=0) on momentum-SGD and Adam updates, SVD-free.",
     config=SpectralOptimConfig,
     preset=preset,
