@@ -235,9 +235,24 @@ def train(method: Method, store: RunStore, *, preset: str | None, seed: int | No
         run = store.create(method.name, preset, seed, device, config_io.to_dict(cfg), group=group)
     cost = f" ({method.preset_times[preset]})" if preset in method.preset_times else ""  # measured on 2 cores
     console.say(f"{method.name} train · preset {preset}{cost} · seed {seed} · {device} → {run.path}")
+    if resumed:
+        console.say(resume_point(method, run))
     ctx = RunContext(method, run, cfg, seed, device, preset, "train", resumed=resumed)
     _execute(ctx, pipeline.train)
     return run
+
+
+def resume_point(method: Method, run: Run) -> str:
+    """Where a resumed train continues: from the run's checkpoints and the train rows it kept."""
+    saved = run.checkpoints.is_dir() and any(p.is_file() for p in run.checkpoints.rglob("*"))
+    if not saved:
+        return "resume: no checkpoint yet: starting over"
+    rows = read_metrics(run.metrics_path, metrics_schema(method.tags)) if run.metrics_path.exists() else None
+    train = rows[rows["phase"] == "train"] if rows is not None else []
+    if len(train) == 0:
+        return "resume: continues from the run's checkpoints (no train rows recorded yet)"
+    return (f"resume: continues from the run's checkpoints after train step {int(train['step'].max())} "
+            f"({len(train)} train rows kept)")
 
 
 def evaluate(method: Method, store: RunStore, *, run_dir: Path | None, device: str) -> Run:

@@ -151,10 +151,12 @@ def test_ctrl_c_marks_interrupted_and_resume_matches_uninterrupted(tmp_path):
     partial = pq.read_table(run / "metrics.parquet").to_pandas()
     assert 0 < len(partial) < 60
 
-    resumed = _launch(["toy", "train", "--resume", str(run), "--json"], runs_dir)
+    resumed = _launch(["toy", "train", "--resume", str(run)], runs_dir)
     out, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, err
-    assert json.loads(out)["status"] == "completed"
+    kept = len(partial)  # the header says where it continues
+    assert f"resume: continues from the run's checkpoints after train step {kept} ({kept} train rows kept)" in err
+    assert json.loads((run / "run.json").read_text())["status"] == "completed"
     assert json.loads((run / "run.json").read_text())["phases"]["train"]["resumed"] is True
 
     fresh = _launch(slow[:5] + ["sleep=0", *slow[6:], "--runs-dir", str(tmp_path / "fresh")], runs_dir)

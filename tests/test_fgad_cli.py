@@ -300,3 +300,48 @@ def test_group_claims_pool_the_grid_seeds_injections():
     for claim in judge_claims(CLAIMS, frames, METHOD.metrics):
         assert not claim["verdict"].startswith("declaration error"), claim["verdict"]
         np.testing.assert_allclose(claim["per_seed"], [np.mean(a) - np.mean(b) for a, b in arms], rtol=1e-12)
+
+
+def test_a_resumed_grid_records_what_an_uninterrupted_one_does(tmp_path, monkeypatch):
+    """Ctrl-C after two finished jobs, then --resume: the finished jobs are not re-run, and the run's train rows
+    equal an uninterrupted run's, row for row (wall-clock columns aside)."""
+    from contextlib import contextmanager
+
+    import pandas as pd
+
+    from conftest import invoke
+    from icml.cli import lifecycle
+
+    argv = ["fgad", "train", *TINY, "--set", "workers=1", "--runs-dir", tmp_path / "runs", "--json"]
+    whole = invoke(*argv)
+    assert whole.code == 0, whole.err
+    original = lifecycle.RunContext.progress
+
+    @contextmanager
+    def stopping_after_two_jobs(self, description, total):
+        with original(self, description, total) as advance:
+            finished = [0]
+
+            def step(n=1):
+                advance(n)
+                finished[0] += n
+                if finished[0] == 2:
+                    raise KeyboardInterrupt
+
+            yield step
+
+    monkeypatch.setattr(lifecycle.RunContext, "progress", stopping_after_two_jobs)
+    assert invoke(*argv).code == 130
+    monkeypatch.setattr(lifecycle.RunContext, "progress", original)
+    interrupted = max((tmp_path / "runs" / "fgad").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert len(list((interrupted / "checkpoints").rglob("*.pt"))) == 2
+    resumed = invoke("fgad", "train", "--resume", interrupted, "--runs-dir", tmp_path / "runs")
+    assert resumed.code == 0, resumed.err
+
+    def train_rows(run) -> pd.DataFrame:
+        frame = pd.read_parquet(Path(run) / "metrics.parquet")
+        frame = frame[(frame["phase"] == "train") & (frame["metric"] != "wall_s")].drop(columns=["run_id"])
+        keys = [c for c in frame.columns if c != "value"]
+        return frame.sort_values(keys, na_position="first").reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(train_rows(interrupted), train_rows(whole.json()["run_dir"]), check_exact=True)
