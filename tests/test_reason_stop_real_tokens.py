@@ -212,3 +212,44 @@ def test_an_unwritable_atp_word_is_refused_before_the_run(setup, tmp_path):
     check_inputs(dataclasses.replace(cfg, model=str(folder)))  # the split word: accepted
     with pytest.raises(ValueError, match="ATP word 'Wait' cannot be written by the synthetic word tokenizer"):
         check_inputs(dataclasses.replace(preset("smoke"), atp_words=["wait", "Wait"]))
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_every_supported_family_runs_the_controller_as_greedy_decoding(setup, tmp_path, family):
+    """Each --model family (config.SUPPORTED_FAMILIES), saved and loaded through the shared checkpoint path:
+    the same scripted weights give the same trace, the controller's vanilla loop is transformers' greedy
+    generate(), and the split ATP word triggers at the same positions (the recorder reads the family's
+    eager attention)."""
+    from transformers import AutoModelForCausalLM, MistralConfig, Qwen2Config, Qwen3Config
+
+    from icml.methods.reason_stop.config import SUPPORTED_FAMILIES
+    from icml.methods.reason_stop.model import load_checkpoint
+
+    assert family in SUPPORTED_FAMILIES
+    scripted, tokenizer, cfg = setup
+    sizes = {k: getattr(scripted.config, k) for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "max_position_embeddings", "pad_token_id", "bos_token_id", "eos_token_id",
+        "tie_word_embeddings")}
+    config = {"llama": type(scripted.config), "mistral": MistralConfig, "qwen2": Qwen2Config,
+              "qwen3": Qwen3Config}[family](**sizes)
+    if family == "qwen3":
+        config.head_dim = sizes["hidden_size"] // sizes["num_attention_heads"]
+    model = AutoModelForCausalLM.from_config(config)
+    mine = model.state_dict()
+    with torch.no_grad():  # the scripted weights where the family has them; its extras (norms, biases) as drawn
+        for name, value in scripted.state_dict().items():
+            mine[name].copy_(value)
+    model.save_pretrained(tmp_path / family)
+    tokenizer.save_pretrained(tmp_path / family)
+    check_inputs(dataclasses.replace(cfg, model=str(tmp_path / family)))
+    loaded, loaded_tokenizer = load_checkpoint(tmp_path / family)
+    assert loaded.config.model_type == family
+    vanilla, codec = run((loaded, loaded_tokenizer, cfg), "vanilla")
+    prompt = codec.prompt_ids(QUESTION, False)
+    with torch.no_grad():
+        reference = loaded.generate(torch.tensor([prompt]), max_new_tokens=cfg.max_new_tokens, do_sample=False,
+                                    eos_token_id=0, pad_token_id=0)[0, len(prompt):].tolist()
+    loop = tokenizer.convert_tokens_to_ids(["ĠAltern", "atively", ",", "."])
+    assert vanilla.output_ids == reference == loop * 3
+    assert [e["position"] for e in vanilla.events] == [0, 4, 8]
