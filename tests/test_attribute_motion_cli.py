@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import invoke
+from plotcheck import overlapping_labels, shown_texts
 
 ALL_SELECTORS = ("motive,motive_dense,no_mask,indep_noise,no_length_norm,mean_agg,motive_frames,multi_draw,random,"
                  "flow_magnitude,appearance_match")
@@ -98,6 +99,34 @@ def test_report_renders_tables_and_plots(run):
                   "motion masks", "arms target motion dynamic degree win rate", "generated frames per arm"):
         assert title in html
     assert html.count("data:image/png;base64,") == 8
+
+
+def test_plots_are_readable_on_the_html_page(run):
+    """Every plot as the HTML page shows it has text ≥ 8 pt (the top-clips gallery had 6 pt titles on a figure
+    shrunk to 83 %: 5 pt), and no gallery label lies over another."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from icml.cli import registry
+    from icml.cli.lifecycle import config_from_run
+    from icml.cli.results import metrics_schema, read_metrics
+    from icml.cli.runstore import Run
+    from icml.methods.attribute_motion.report import plots
+
+    method = registry.get("attribute-motion")
+    cfg, _, _ = config_from_run(method, Run(run))
+    frame = read_metrics(run / "metrics.parquet", metrics_schema(method.tags))
+    figures = dict(plots(frame, cfg, run=Run(run)))
+    galleries = ("top clips per query", "motion masks", "generated frames per arm")
+    assert set(galleries) <= set(figures)
+    for title, figure in figures.items():
+        small = [(t, round(size, 1)) for t, size in shown_texts(figure) if t and size < 8]
+        assert not small, (title, small)
+    for title in galleries:
+        assert not overlapping_labels(figures[title]), (title, overlapping_labels(figures[title]))
+    plt.close("all")
 
 
 def test_select_with_a_folder_of_query_clips(run, tmp_path):

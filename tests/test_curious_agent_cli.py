@@ -69,6 +69,45 @@ def test_coverage_experiment_runs_without_task_reward_beside_the_main_one(icml):
     assert "Zero extrinsic reward — MiniGrid-FourRooms-v0" in (run / "r.md").read_text()
 
 
+def test_visit_heat_maps_are_explained():
+    """The visit heat maps: one figure per environment with a panel per arm on the environment's whole grid (a
+    DoorKey-5x5 run that never left column 1 still shows 5 × 5 cells), each panel titled and its axes labelled,
+    a labelled colour bar shared by the arms, a title and a caption saying what a cell is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from icml.methods.curious_agent.config import preset
+    from icml.methods.curious_agent.report import plots
+
+    env = "MiniGrid-DoorKey-5x5-v0"
+    visits = pd.DataFrame([{"variant": arm, "seed": seed, "env_id": env, "x": 1, "y": y, "dir": 0, "count": 3 + y}
+                           for arm in ("ppo", "glance") for seed in (0, 1) for y in (1, 2, 3)])
+
+    class Run:
+        def table(self, name):
+            return visits if name == "visits" else None
+
+    frame = pd.DataFrame(columns=["phase", "experiment", "env_id", "reward_mode", "variant", "metric", "step",
+                                  "value"])
+    figures = dict(plots(frame, preset("smoke"), run=Run()))
+    assert list(figures) == [f"visits per cell {env}"]
+    figure = figures[f"visits per cell {env}"]
+    maps = [a for a in figure.axes if a.get_images()]
+    bars = [a for a in figure.axes if not a.get_images() and a.get_ylabel()]
+    assert [a.get_title() for a in maps] == ["ppo", "glance"]
+    for axis in maps:
+        assert axis.get_images()[0].get_array().shape == (5, 5)
+        assert axis.get_xlabel() and axis.get_ylabel()
+    assert len(bars) == 1 and bars[0].get_ylabel() == "log(1 + visits)"
+    assert "DoorKey-5x5" in figure._suptitle.get_text()
+    caption = figure._supxlabel.get_text()
+    assert "cell is one tile of the 5 × 5 grid" in caption and "summed over 2 seeds" in caption
+    plt.close("all")
+
+
 def test_bad_input_fails_in_one_line(icml):
     for assignment, message in (("arms=ppo,nope", "unknown arm(s) ['nope']"),
                                 ("model.path=/nonexistent", "is not a Hugging Face checkpoint directory"),

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from conftest import invoke
+from plotcheck import DPI, PAGE_PX, shown_texts
 
 VARIANTS = ["base", "divin", "divin_no_noise", "divin_no_prior", "sail", "cads", "divin_cads", "ig", "divin_ig",
             "pg", "divin_pg"]
@@ -127,6 +128,84 @@ def test_claims_pin_every_tag_and_find_both_arms(run):
             for tag in METHOD.tags:
                 assert rows[tag].nunique(dropna=False) == 1, (claim.name, arm, tag)
             assert np.isfinite(arm_value(frame, claim, arm)), (claim.name, arm)
+
+
+def overlapping_titles(figure) -> list[str]:
+    """Titles (the suptitle, each panel's) whose box overlaps another panel or the suptitle."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    axes = [a for a in figure.axes if a.get_visible() and a.axison]
+    boxes = [a.get_tightbbox(renderer) for a in axes]
+    out = []
+    if figure._suptitle is not None and figure._suptitle.get_text():
+        sup = figure._suptitle.get_window_extent(renderer)
+        out += [figure._suptitle.get_text() for b in boxes if sup.overlaps(b)]
+    for i, a in enumerate(axes):
+        if a.get_title():
+            title = a.title.get_window_extent(renderer)
+            out += [a.get_title() for j, b in enumerate(boxes) if j != i and title.overlaps(b)]
+    return out
+
+
+def _report_hooks(run):
+    from icml.cli import registry
+    from icml.cli.lifecycle import config_from_run
+    from icml.cli.results import metrics_schema, read_metrics
+    from icml.cli.runstore import Run
+    from icml.methods.diverse_init import report
+
+    method = registry.get("diverse-init")
+    cfg, _, _ = config_from_run(method, Run(run))
+    return report, read_metrics(run / "metrics.parquet", metrics_schema(method.tags)), cfg, Run(run)
+
+
+def test_plots_are_readable_on_the_html_page(run):
+    """Every plot as the HTML page shows it: text ≥ 8 pt, no title over a panel, a Pareto curve has ≥ 2 guidance
+    scales (the tiny grid's digits arms other than base/divin have one: named, not drawn as a lone point), the
+    digit samples ≥ 40 px each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report, frame, cfg, handle = _report_hooks(run)
+    figures = dict(report.plots(frame, cfg, run=handle))
+    assert {"gmm pareto recall vs precision", "digits pareto vendi vs fid", "digits samples eps",
+            "gmm minority mass vs w"} <= set(figures)
+    for title, figure in figures.items():
+        small = [(t, round(s, 1)) for t, s in shown_texts(figure) if t and s < 8]
+        assert not small, (title, small)
+        assert not overlapping_titles(figure), (title, overlapping_titles(figure))
+        if "pareto" in title or "vs w" in title:
+            for axis in figure.axes:
+                assert all(len(line.get_xdata()) >= 2 for line in axis.get_lines() if line.get_linestyle() != ":")
+    assert "at one scale only" in figures["digits pareto vendi vs fid"]._suptitle.get_text()
+    samples = figures["digits samples eps"]
+    width_in = samples.get_tightbbox().width
+    scale = min(1.0, PAGE_PX / (width_in * DPI))
+    for axis in samples.axes:
+        if axis.get_images():
+            mosaic = axis.get_images()[0].get_array().shape[1]  # 10 classes of 16 px and 2 px gaps
+            shown = axis.get_window_extent().width / samples.dpi * DPI * scale
+            assert shown * 16 / mosaic >= 40, shown * 16 / mosaic
+    plt.close("all")
+
+
+def test_a_single_guidance_scale_draws_no_pareto_plot_and_says_so(run):
+    """One guidance scale per arm (the smoke and default presets at w = 4): no Pareto or minority-mass-vs-w plot,
+    and the arms table's note says why."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    report, frame, cfg, handle = _report_hooks(run)
+    frame = frame[frame["cfg_scale"].isna() | (frame["cfg_scale"] == 4.0)]
+    titles = [t for t, _ in report.plots(frame, cfg, run=handle)]
+    plt.close("all")
+    assert not [t for t in titles if "pareto" in t or "vs w" in t], titles
+    notes = [t.note for t in report.tables(frame, cfg) if "arms at w = 4" in t.title]
+    assert len(notes) == 4 and all("no Pareto plot over w" in n for n in notes)
 
 
 def test_generate_verb_and_a_local_model_directory(run, tmp_path):

@@ -3,11 +3,14 @@ report (--json), every generator/policy variant and spec metric, rollouts.parque
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from conftest import invoke
+from plotcheck import figures_of, plot_defects
 
 TINY = ["--preset", "smoke", "--set", "data.n_tiles=16", "--set", "data.eval_tiles=6", "--set", "vae.steps=3",
         "--set", "dit.steps=2", "--set", "sim.steps=3", "--set", "eval_samples=4", "--set", "latency_repeats=1",
@@ -118,9 +121,43 @@ def test_report_json_and_html(tiny_run, tmp_path):
     assert "Rollout trajectories" in html and "stitch_fallback_rate" in html
     for title in ("Outpainting strip", "Kinematic-cost histograms", "Jerk over time", "Latency vs steps"):
         assert f"alt='{title}'" in html, title
-    # gap vs latency, latency vs steps, losses, early jerk, jerk over time, cost histograms, toy, rollouts, strip,
-    # 2 galleries
-    assert html.count("data:image/png;base64,") == 11
+    # gap vs latency (when a variant decoded a successor edge), latency vs steps, losses, early jerk, jerk over
+    # time, cost histograms, toy, rollouts, strip, 2 galleries
+    frame = pd.read_parquet(f"{run}/metrics.parquet")
+    gap = np.isfinite(frame.loc[frame["metric"] == "endpoint_gap_m", "value"]).any()
+    assert ("alt='Endpoint gap vs latency'" in html) == gap
+    assert ("plot is left out" in html) == (not gap)
+    assert html.count("data:image/png;base64,") == 10 + gap
+
+
+def test_report_plots_have_data_room_and_no_legend_or_label_over_them(tiny_run):
+    """Seen in a browser: an empty "Endpoint gap vs latency" (no variant decoded a successor edge), overlapping
+    variant names at nfe 1, a legend over a third of "Jerk over time", a rollout panel 20 px high."""
+    _, run = tiny_run
+    figures = figures_of("drive-world", run)
+    assert len(figures) >= 10
+    assert [d for title, figure in figures for d in plot_defects(title, figure)] == []
+
+
+def test_endpoint_gap_plot_is_drawn_when_a_gap_exists_and_left_out_with_a_note_when_none():
+    from icml.methods.drive_world.report import plots, tables
+
+    rows = [dict(phase="eval", metric=metric, variant=variant, value=value, nfe=nfe, model=None, policy=None,
+                 start_mode=None, seed=0)
+            for variant, nfe, gap, ms in (("meanflow_1", 1, 0.4, 11.0), ("flow_euler1", 1, 0.9, 10.8),
+                                          ("flow_heun24", 48, 0.1, 350.0))
+            for metric, value in (("endpoint_gap_m", gap), ("ms_per_tile", ms))]
+    frame = pd.DataFrame(rows)
+    figures = dict(plots(frame, None))
+    assert {"Endpoint gap vs latency", "Latency vs steps"} <= set(figures)
+    for title in ("Endpoint gap vs latency", "Latency vs steps"):
+        assert plot_defects(title, figures[title]) == []  # meanflow_1 and flow_euler1 nearly coincide
+        (axis,) = figures[title].axes
+        assert [t.get_text() for t in axis.get_legend().get_texts()] == ["meanflow_1", "flow_heun24", "flow_euler1"]
+    assert "left out" not in tables(frame, None)[0].note
+    frame.loc[frame["metric"] == "endpoint_gap_m", "value"] = np.nan
+    assert "Endpoint gap vs latency" not in dict(plots(frame, None))
+    assert "Endpoint gap vs latency\" plot is left out" in tables(frame, None)[0].note
 
 
 def test_bad_inputs(tmp_path):

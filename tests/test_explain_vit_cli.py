@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import invoke
+from plotcheck import shown_texts
 
 ARMS = ["input_x_grad", "weff", "weff_eq", "weff_eq_lp", "dave_nopost", "dave", "saliency",
         "integrated_gradients", "smoothgrad", "attn_rollout", "gae", "gradcam", "random"]
@@ -69,6 +70,39 @@ def test_every_arm_metric_tag_and_table(run):
     assert "Ablation ladder" in html and "Confidently correct test images per class" in html
     assert "map gallery" in html and "data:image/png;base64" in html
     assert (run / "report" / "map_gallery_montage.png").exists()
+
+
+def test_plots_are_readable_on_the_html_page(run):
+    """Every plot as the HTML page shows it has text ≥ 8 pt (the galleries' labels were 7 pt on a figure shrunk to
+    half its size: ~3 pt); the α_max sweep's GridPG axis spans [0, 1] with each value written beside its point,
+    not a 3e-4 range stretched over the whole axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from icml.cli import registry
+    from icml.cli.lifecycle import config_from_run
+    from icml.cli.results import metrics_schema, read_metrics
+    from icml.cli.runstore import Run
+    from icml.methods.explain_vit.report import plots
+    from icml.reports.tables import fmt
+
+    method = registry.get("explain-vit")
+    cfg, _, _ = config_from_run(method, Run(run))
+    frame = read_metrics(run / "metrics.parquet", metrics_schema(method.tags))
+    figures = dict(plots(frame, cfg, run=Run(run)))
+    assert {"map gallery single", "map gallery montage", "alpha_max sweep"} <= set(figures)
+    for title, figure in figures.items():
+        small = [(t, round(size, 1)) for t, size in shown_texts(figure) if t and size < 8]
+        assert not small, (title, small)
+    sweep = figures["alpha_max sweep"].axes[0]
+    low, high = sweep.get_ylim()
+    assert low <= 0 and high >= 1
+    values = frame[(frame["split"] == "val") & (frame["metric"] == "grid_pg")].groupby("alpha_max")["value"].mean()
+    texts = {t.get_text() for t in sweep.texts}
+    assert {fmt(v, 3) for v in values} <= texts
+    plt.close("all")
 
 
 def test_report_says_when_no_montage_could_be_built():

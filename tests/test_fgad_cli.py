@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import train_and_eval, train_eval_report
+from plotcheck import figures_of, plot_defects
 
 TINY = ["--preset", "smoke", "--set", "n_nodes=300", "--set", "rounds=2", "--set", "epochs=3", "--set", "K=1,3",
         "--set", "hidden=16", "--set", "out_dim=8"]
@@ -98,6 +99,20 @@ def test_report_renders(tiny_run):
     for title in titles:
         assert title in html
     assert html.count("data:image/png;base64,") == 5
+
+
+def test_report_plots_have_data_room_and_no_legend_over_them(tiny_run):
+    """Seen in a browser: the weak-vs-strong legend over a bar; client sizes drawn as a line along a client index
+    (which has no order of its own): now a bar per client, largest first, a group per K."""
+    figures = dict(figures_of("fgad", tiny_run))
+    assert [d for title, figure in figures.items() for d in plot_defects(title, figure)] == []
+    (axis,) = [ax for ax in figures["partition statistics"].axes if ax.get_title().startswith("Client sizes")]
+    clients = pq.read_table(tiny_run / "client_metrics.parquet").to_pandas()
+    sizes = clients[(clients["variant"] == "mvfgad") & (clients["group"] == "all")]
+    sizes = sizes[sizes["seed"] == sizes["seed"].min()]
+    assert sorted(bar.get_height() for bar in axis.patches) == sorted(sizes["n_nodes"])
+    assert [line for line in axis.get_lines() if len(line.get_xdata()) > 1] == []
+    assert [t.get_text() for t in axis.get_xticklabels()] == [f"K={k}" for k in sorted(sizes["K"].unique())]
 
 
 def _npz_graph(path: Path) -> Path:

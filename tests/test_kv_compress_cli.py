@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import train_eval_report
+from plotcheck import figures_of, plot_defects
 
 TINY = ["--preset", "smoke", "--set", "steps=4", "--set", "val_every=4", "--set", "val_per_task=2",
         "--set", "n_per_task=2", "--set", "n_calibration=3", "--set", "tiny.hidden=32",
@@ -66,7 +68,65 @@ def test_report_has_tables_and_plots(tiny_run):
     for title in ("exact_match — kv_retrieval", "retention — aggregation", "Cost and fidelity at r=0.3",
                   "Paired bootstrap 95% CI"):
         assert title in html
-    assert html.count("data:image/png;base64,") == 5
+    # retention vs ratio (a panel per task where the full cache scores above 0: retention is 0/0 elsewhere, and
+    # that task's retention table says that the plot leaves it out), memory, heatmaps, entropy scatter, forest plot
+    frame = pq.read_table(tiny_run / "metrics.parquet").to_pandas()
+    retention = frame[frame["metric"] == "retention"]
+    finite = {task: np.isfinite(rows["value"]).any() for task, rows in retention.groupby("task")}
+    assert ("alt='retention vs ratio'" in html) == any(finite.values())
+    assert html.count("the retention plot leaves") == sum(not f for f in finite.values())
+    assert html.count("data:image/png;base64,") == 4 + any(finite.values())
+
+
+def _has_marker(line) -> bool:
+    return line.get_marker() not in (None, "", " ", "None", "none")
+
+
+def test_report_plots_mark_every_line_and_show_where_lines_coincide(tiny_run):
+    """Seen in a browser: curves of variants with the same results drawn on top of each other in one marker,
+    heatmap labels colliding with the next panel. Every data line has a marker, each variant its own; coinciding
+    curves are nested (the first widest) and named under the panel."""
+    _check_lines(dict(figures_of("kv-compress", tiny_run)))
+
+
+def test_coinciding_retention_and_memory_curves_are_nested_and_named():
+    """The tiny run's retention is 0/0 (its full cache scores 0): the retention panels on a made-up frame, where
+    snapkv and entrokv_snapkv coincide on one task and differ on the other."""
+    from icml.methods.kv_compress.report import plots
+
+    values = {("full", "needle"): [1.0, 1.0], ("snapkv", "needle"): [0.5, 1.0],
+              ("entrokv_snapkv", "needle"): [0.5, 1.0], ("full", "aggregation"): [1.0, 1.0],
+              ("snapkv", "aggregation"): [0.6, 1.0], ("entrokv_snapkv", "aggregation"): [0.8, 1.0]}
+    memory = {"full": [1e5, 1e5], "snapkv": [3e4, 1e5], "entrokv_snapkv": [3e4, 1e5]}
+    frame = pd.DataFrame([dict(phase="eval", metric=metric, variant=variant, task=task, ratio=ratio, value=value)
+                          for (variant, task), curve in values.items() for i, ratio in enumerate((0.3, 1.0))
+                          for metric, value in (("retention", curve[i]), ("memory_bytes", memory[variant][i]))])
+    figures = dict(plots(frame, None))
+    needle, aggregation = figures["retention vs ratio"].axes
+    assert "snapkv = entrokv_snapkv" in needle.texts[0].get_text() and not aggregation.texts
+    _check_lines(figures)
+
+
+def _check_lines(figures: dict) -> None:
+    assert [d for title, figure in figures.items() for d in plot_defects(title, figure)] == []
+    for title, figure in figures.items():  # reference lines (axhline, axvline) aside
+        for axis in figure.axes:
+            assert all(_has_marker(line) for line in axis.get_lines() if line.get_transform() == axis.transData), title
+    coinciding = 0
+    for title in [t for t in ("retention vs ratio", "memory vs ratio") if t in figures]:
+        for axis in figures[title].axes:
+            lines = [line for line in axis.get_lines() if not line.get_label().startswith("_")]
+            assert lines and len({line.get_marker() for line in lines}) == len(lines), title
+            same: dict[tuple, list] = {}
+            for line in lines:
+                same.setdefault((tuple(line.get_xdata()), tuple(np.round(line.get_ydata(), 9))), []).append(line)
+            note = " ".join(text.get_text().replace("\n", " ") for text in axis.texts)
+            for group in (g for g in same.values() if len(g) > 1):
+                coinciding += 1
+                widths = [line.get_linewidth() for line in group]
+                assert widths == sorted(set(widths), reverse=True), (title, widths)  # nested: the first widest
+                assert " = ".join(line.get_label() for line in group) in note, (title, note)
+    assert coinciding  # these runs' variants share results: the check above ran
 
 
 def test_calibrate_writes_h_bar_and_json(icml, tiny_run):

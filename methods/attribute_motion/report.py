@@ -10,7 +10,7 @@ from icml.methods.attribute_motion import METHOD
 from icml.methods.attribute_motion.config import ARMS, SELECTORS
 from icml.reports.claims import Claim
 from icml.reports.plots import new_axes
-from icml.reports.tables import Table, default_headline, mean_sd
+from icml.reports.tables import Table, default_headline, fmt, mean_sd
 
 # The spec's expected results at `default`, judged over the seeds of a group (`icml attribute-motion
 # report --group G`). Retrieval claims compare selectors (eval rows of the pool split), generation
@@ -113,6 +113,11 @@ def headline(frame: pd.DataFrame) -> dict:
 
 
 # plots -------------------------------------------------------------------------------------------
+PAGE_IN = 9.6  # the HTML page shows 1100 px of a plot saved at 110 dpi with 0.1 in margins: ≤ 10 in is unscaled
+TEXT = 9  # the galleries' labels (pt), shown at that size since the figures stay within PAGE_IN
+MAX_FRAMES = 8  # frames shown per clip: evenly spaced when a clip has more (Wan's 81)
+
+
 def _aggregated(run, config) -> pd.DataFrame | None:
     scores = run.table("scores")
     if scores is None:
@@ -122,13 +127,19 @@ def _aggregated(run, config) -> pd.DataFrame | None:
                   & (scores["target_motion"] == config.primary_target)]
 
 
+def _legend_right(axis) -> None:
+    """Legend right of the axes: eleven selectors inside would cover the points."""
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+
+
 def _score_distributions(agg: pd.DataFrame, target: str):
     import matplotlib.pyplot as plt
 
     variants = [v for v in SELECTORS if v in set(agg["variant"])]
-    cols = min(4, len(variants))
+    cols = min(3, len(variants))
     rows = (len(variants) + cols - 1) // cols
-    figure, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, cols, figsize=(PAGE_IN / 3 * cols, 2.6 * rows + 0.8), squeeze=False,
+                                layout="constrained")
     for axis, variant in zip(axes.flat, variants):
         part = agg[agg["variant"] == variant]
         groups = {"target motion": part["motion"] == target,
@@ -138,12 +149,12 @@ def _score_distributions(agg: pd.DataFrame, target: str):
         bins = np.linspace(part["score"].min(), part["score"].max() + 1e-12, 25)
         for label, mask in groups.items():
             axis.hist(part.loc[mask, "score"], bins=bins, alpha=0.55, label=label)
-        axis.set_title(variant, fontsize=9)
+        axis.set_title(variant, fontsize=10)
     for axis in list(axes.flat)[len(variants):]:
         axis.axis("off")
-    axes[0, 0].legend(fontsize=6)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=8, ncol=4, loc="outside lower center")
     figure.suptitle(f"Aggregated score distributions (target {target})")
-    figure.tight_layout()
     return figure
 
 
@@ -155,7 +166,7 @@ def _score_vs_length(agg: pd.DataFrame, target: str):
         ranks = part["score"].rank(pct=True)
         jitter = (i - len(SELECTORS) / 2) * 0.05
         axis.plot(part["valid_len"] + jitter, ranks, "o", ms=3, label=variant)
-    axis.legend(fontsize=6, ncol=2)
+    _legend_right(axis)
     return figure
 
 
@@ -166,7 +177,7 @@ def _p_at_k(agg: pd.DataFrame, target: str):
         relevant = (part["motion"] == target).to_numpy()
         ks = np.arange(1, len(relevant) + 1)
         axis.plot(ks, np.cumsum(relevant) / ks, label=variant)
-    axis.legend(fontsize=6, ncol=2)
+    _legend_right(axis)
     return figure
 
 
@@ -175,14 +186,15 @@ def _arm_bars(frame: pd.DataFrame):
 
     rows = frame[(frame["phase"] == "eval") & frame["metric"].isin(["target_motion_acc", "dynamic_degree",
                                                                      "win_rate_vs_base"])]
-    figure, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    figure, axes = plt.subplots(1, 3, figsize=(PAGE_IN, 3.6), layout="constrained")
     for axis, metric in zip(axes, ["target_motion_acc", "dynamic_degree", "win_rate_vs_base"]):
         part = _order(rows[rows["metric"] == metric].groupby("variant", as_index=False)["value"].mean(), ARM_ORDER)
-        axis.bar(part["variant"], part["value"], color=["#888" if v == "base" else "#3a7" if v == "motive" else "#69c"
-                                                       for v in part["variant"]])
+        bars = axis.bar(part["variant"], part["value"], color=["#888" if v == "base" else "#3a7" if v == "motive"
+                                                               else "#69c" for v in part["variant"]])
+        axis.bar_label(bars, [fmt(v, 2) for v in part["value"]], fontsize=8, padding=1)  # a 0 bar is still read
+        axis.set_ylim(0, 1.1)  # all three are fractions
         axis.set_title(metric)
-        axis.tick_params(axis="x", rotation=45, labelsize=7)
-    figure.tight_layout()
+        axis.tick_params(axis="x", rotation=45, labelsize=8)
     return figure
 
 
@@ -194,7 +206,7 @@ def _cosines(run):
         axis.plot(part["exact"], part["projected"], ".", ms=2, label=f"{variant} ({proj})")
     lo, hi = float(cos["exact"].min()), float(cos["exact"].max())
     axis.plot([lo, hi], [lo, hi], "k-", lw=0.7)
-    axis.legend(fontsize=7)
+    axis.legend(fontsize=8)
     return figure
 
 
@@ -202,8 +214,21 @@ def _to_image(frame: np.ndarray) -> np.ndarray:
     return np.clip((frame + 1) / 2, 0, 1)
 
 
+def _shown_frames(count: int) -> list[int]:
+    """At most MAX_FRAMES frame indices, evenly spaced, first and last included."""
+    return sorted({int(round(i)) for i in np.linspace(0, count - 1, min(count, MAX_FRAMES))})
+
+
+def _bare(axis) -> None:
+    """No ticks or frame, but the y label stays (axis("off") would hide it)."""
+    axis.set_xticks([])
+    axis.set_yticks([])
+    for spine in axis.spines.values():
+        spine.set_visible(False)
+
+
 def _gallery(run, config, agg: pd.DataFrame):
-    """Top-10 pool clips of a few queries (motive, first seed), each as a strip of its first 4 frames."""
+    """Top-10 pool clips of a few queries (motive, first seed), each as a 2 × 2 tile of its first 4 frames."""
     import matplotlib.pyplot as plt
 
     scores = run.table("scores")
@@ -214,17 +239,27 @@ def _gallery(run, config, agg: pd.DataFrame):
     per_query = scores[(scores["variant"] == "motive") & (scores["attr_seed"] == config.attr.attr_seeds[0])
                        & (scores["target_motion"] == config.primary_target) & (scores["query_id"] >= 0)]
     query_ids = sorted(per_query["query_id"].unique())[:2]
-    frames_shown = 4
-    figure, axes = plt.subplots(len(query_ids), 11, figsize=(16, 1.9 * len(query_ids)), squeeze=False)
+    cell = PAGE_IN / 11
+
+    def tile(video):
+        frames = [_to_image(f) for f in video[:4]]
+        frames += [np.ones_like(frames[0])] * (4 - len(frames))
+        return np.concatenate([np.concatenate(frames[:2], 1), np.concatenate(frames[2:], 1)], 0)
+
+    figure, axes = plt.subplots(len(query_ids), 11, figsize=(PAGE_IN, (cell + 0.45) * len(query_ids) + 0.6),
+                                squeeze=False, layout="constrained")
     for r, qid in enumerate(query_ids):
         top = per_query[per_query["query_id"] == qid].sort_values("rank").head(10)
-        strips = [(videos[int(qid)], "query")] + [(videos[row_of[c]], f"{m}\n{d}") for c, m, d in
-                                                  zip(top["clip_id"], top["motion"], top["decoy_type"])]
+        strips = [(videos[int(qid)], f"query {r + 1}")] + [(videos[row_of[c]], f"{m}\n{d}") for c, m, d in
+                                                           zip(top["clip_id"], top["motion"], top["decoy_type"])]
         for c, (video, title) in enumerate(strips):
-            axes[r, c].imshow(_to_image(np.concatenate(list(video[:frames_shown]), 0)))
-            axes[r, c].set_title(title, fontsize=6)
+            axes[r, c].imshow(tile(video))
+            axes[r, c].set_title(title, fontsize=8.5, fontweight="bold" if c == 0 else "normal")
             axes[r, c].axis("off")
-    figure.suptitle("motive: top-10 pool clips per query (frames 0–3 top to bottom; titles: motion, decoy type)")
+        for axis in axes[r, len(strips):]:
+            axis.axis("off")
+    figure.suptitle("motive: each query, then its top-10 pool clips by rank (frames 0–3 as a 2 × 2 tile; "
+                    "titles: motion, decoy type)", fontsize=10)
     return figure
 
 
@@ -247,16 +282,24 @@ def _masks(run, config):
     idx = [i for i, _ in picks]
     masks = motion_mask(torch.as_tensor(flow[idx]), torch.as_tensor(valid[idx]), config.attr.patch,
                         config.attr.camera, config.attr.flow_floor).numpy()
-    frames = videos.shape[1]
-    figure, axes = plt.subplots(2 * len(picks), frames, figsize=(frames * 1.1, 2.3 * len(picks)), squeeze=False)
+    shown = _shown_frames(videos.shape[1])
+    label_in = 1.4  # the row labels (motion / decoy type)
+    cell = min(1.0, (PAGE_IN - label_in) / len(shown))
+    figure, axes = plt.subplots(2 * len(picks), len(shown), figsize=(label_in + cell * len(shown),
+                                                                      (2 * cell + 0.1) * len(picks) + 0.9),
+                                squeeze=False, layout="constrained")
     for r, (i, title) in enumerate(picks):
-        for f in range(frames):
-            axes[2 * r, f].imshow(_to_image(videos[i, f]))
-            axes[2 * r + 1, f].imshow(masks[r, f], vmin=0, vmax=1, cmap="magma")
-            axes[2 * r, f].axis("off")
-            axes[2 * r + 1, f].axis("off")
-        axes[2 * r, 0].set_title(title, fontsize=7, loc="left")
-    figure.suptitle("Pool clips and their motion masks (patch-pooled, normalised per clip, 0 on padded frames)")
+        for c, f in enumerate(shown):
+            axes[2 * r, c].imshow(_to_image(videos[i, f]))
+            axes[2 * r + 1, c].imshow(masks[r, f], vmin=0, vmax=1, cmap="magma")
+            _bare(axes[2 * r, c])
+            _bare(axes[2 * r + 1, c])
+            if r == 0:
+                axes[0, c].set_title(f"frame {f}", fontsize=TEXT)
+        axes[2 * r, 0].set_ylabel(title, fontsize=TEXT, rotation=0, ha="right", va="center")
+        axes[2 * r + 1, 0].set_ylabel("its mask", fontsize=TEXT, rotation=0, ha="right", va="center")
+    figure.suptitle("Pool clips (motion / decoy type) and their motion masks (patch-pooled, normalised per clip, "
+                    "0 on padded frames)", fontsize=10)
     return figure
 
 
@@ -267,17 +310,22 @@ def _samples(run):
         arms = [a for a in ARM_ORDER if a in data.files]
         samples = {a: data[a] for a in arms}
     per_arm = 2
-    frames = next(iter(samples.values())).shape[1]
-    figure, axes = plt.subplots(len(arms) * per_arm, frames, figsize=(frames * 1.0, 1.05 * per_arm * len(arms)),
-                                squeeze=False)
+    shown = _shown_frames(next(iter(samples.values())).shape[1])
+    cell = min(1.0, (PAGE_IN - 1.0) / len(shown))
+    figure, axes = plt.subplots(len(arms) * per_arm, len(shown),
+                                figsize=(1.0 + cell * len(shown), (cell + 0.1) * per_arm * len(arms) + 0.8),
+                                squeeze=False, layout="constrained")
     for r, arm in enumerate(arms):
         for s in range(per_arm):
-            for f in range(frames):
-                axis = axes[r * per_arm + s, f]
+            for c, f in enumerate(shown):
+                axis = axes[r * per_arm + s, c]
                 axis.imshow(_to_image(samples[arm][s, f]))
-                axis.axis("off")
-            axes[r * per_arm + s, 0].set_title(arm if s == 0 else "", fontsize=7, loc="left")
-    figure.suptitle("Generated videos per arm (same seeds and prompts; frames left to right)")
+                _bare(axis)
+                if r == 0 and s == 0:
+                    axis.set_title(f"frame {f}", fontsize=TEXT)
+            axes[r * per_arm + s, 0].set_ylabel(f"{arm}\nvideo {s + 1}", fontsize=TEXT, rotation=0, ha="right",
+                                                va="center")
+    figure.suptitle("Generated videos per arm (same seeds and prompts; frames left to right)", fontsize=10)
     return figure
 
 

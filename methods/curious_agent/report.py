@@ -104,14 +104,61 @@ def _novelty_bars(final: pd.DataFrame):
     return figure
 
 
-def _heat_map(visits: pd.DataFrame, variant: str, env_id: str):
-    rows = visits[visits["variant"] == variant].groupby(["x", "y"])["count"].sum()
-    grid = np.zeros((rows.index.get_level_values("y").max() + 2, rows.index.get_level_values("x").max() + 2))
-    for (x, y), c in rows.items():
-        grid[y, x] = c
-    figure, axis = new_axes(f"visits of {variant} ({env_id.removeprefix('MiniGrid-')})", "x", "y", size=(4.2, 4.2))
-    image = axis.imshow(np.log1p(grid), cmap="viridis")
-    figure.colorbar(image, ax=axis, label="log(1 + visits)")
+def _grid_size(env_id: str, visits: pd.DataFrame) -> tuple[int, int]:
+    """(width, height) of the environment's grid, walls included; from the visits' extent if it cannot be built."""
+    try:
+        import gymnasium as gym
+        import minigrid  # noqa: F401  (registers the MiniGrid-* ids)
+
+        env = gym.make(env_id).unwrapped
+        return int(env.width), int(env.height)
+    except Exception:  # noqa: BLE001 — an unknown id in an old run: the visited cells plus the outer wall
+        return int(visits["x"].max()) + 2, int(visits["y"].max()) + 2
+
+
+def _heat_maps(visits: pd.DataFrame, env_id: str):
+    """One panel per arm: the environment's grid (walls included), each cell coloured by how often the agent
+    stood on it during training, on one colour scale for all arms."""
+    import matplotlib.pyplot as plt
+
+    arms = [v for v in ARMS if v in set(visits["variant"])]
+    width, height = _grid_size(env_id, visits)
+    grids = {}
+    for variant in arms:
+        counts = visits[visits["variant"] == variant].groupby(["x", "y"])["count"].sum()
+        grid = np.zeros((height, width))
+        for (x, y), c in counts.items():
+            if 0 <= y < height and 0 <= x < width:
+                grid[y, x] = c
+        grids[variant] = grid
+    top = max(float(np.log1p(g).max()) for g in grids.values()) or 1.0
+    cols = min(4, len(arms))
+    rows = (len(arms) + cols - 1) // cols
+    panel = min(2.6, 8.4 / cols)
+    figure, axes = plt.subplots(rows, cols, figsize=(panel * cols + 1.2, panel * rows + 1.5), squeeze=False,
+                                layout="constrained")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
+    for axis, variant in zip(axes.flat, arms):
+        shown = np.ma.masked_equal(np.log1p(grids[variant]), 0)  # never visited (walls included): grey
+        image = axis.imshow(shown, cmap=cmap, vmin=0, vmax=top)
+        axis.set_title(variant, fontsize=10)
+        axis.set_xlabel("x (column)", fontsize=9)
+        axis.set_ylabel("y (row)", fontsize=9)
+        step = max(1, width // 6)
+        axis.set_xticks(range(0, width, step))
+        axis.set_yticks(range(0, height, max(1, height // 6)))
+        axis.tick_params(labelsize=8)
+    for axis in list(axes.flat)[len(arms):]:
+        axis.axis("off")
+    bar = figure.colorbar(image, ax=axes, shrink=0.9)
+    bar.set_label("log(1 + visits)", fontsize=9)
+    bar.ax.tick_params(labelsize=8)
+    seeds = visits["seed"].nunique() if "seed" in visits else 1
+    figure.suptitle(f"Where each arm went during training — {env_id.removeprefix('MiniGrid-')}")
+    figure.supxlabel(f"A cell is one tile of the {width} × {height} grid (walls included, y down); its colour is "
+                     f"log(1 + env steps the agent stood\non it, any heading) over all training episodes, summed "
+                     f"over {seeds} seed{'s' if seeds != 1 else ''}; grey: never visited (walls, unreached "
+                     "cells). Layouts change per episode.", fontsize=8.5)
     return figure
 
 
@@ -148,6 +195,5 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         if "env_id" not in visits:  # runs written before the coverage experiment existed
             visits = visits.assign(env_id=config.env.id)
         for env_id, rows in visits.groupby("env_id", sort=False):
-            for variant in [v for v in ARMS if v in set(rows["variant"])]:
-                out.append((f"visits {variant} {env_id}", _heat_map(rows, variant, env_id)))
+            out.append((f"visits per cell {env_id}", _heat_maps(rows, env_id)))
     return out

@@ -75,9 +75,14 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
             scale = fmt(config.divin.tau)
         else:
             scale = "τ*" if config.divin.tau_frac == 1 else f"{fmt(config.divin.tau_frac)}·τ*"
+        features = "coordinates" if tier == "gmm" else "classifier penultimate layer"
+        note = f"mean ± sd over sampling seeds; features: {features}"
+        if not _pareto_curves(_main_arms(ev, tier, param, tau, k), "precision", "recall"):
+            scales = ", ".join(fmt(w) for w in sorted(ev.loc[ev["tier"] == tier, "cfg_scale"].unique()))
+            note += (f"; one guidance scale per arm (w = {scales}): no Pareto plot over w for {tier} · {param} "
+                     "(a curve needs ≥ 2 scales)")
         out.append(metric_table(sub, f"{tier} · {param}: arms at w = {fmt(config.main_cfg)} (τ = {scale}, "
-                                     f"K = {k})", metrics, BETTER, order=list(VARIANTS),
-                                note=f"mean ± sd over sampling seeds; features: {'coordinates' if tier == 'gmm' else 'classifier penultimate layer'}"))
+                                     f"K = {k})", metrics, BETTER, order=list(VARIANTS), note=note))
     sweep = _sweep(ev, config)
     if not sweep.empty:
         out.append(metric_table(sweep.sort_values(["tier", "param", "variant", "tau_frac"], kind="stable"),
@@ -130,6 +135,11 @@ def headline(frame: pd.DataFrame) -> dict:
 
 
 # plots ---------------------------------------------------------------------------------------------
+PAGE_IN = 9.6  # the HTML page shows 1100 px and plots are saved at 110 dpi with 0.1 in margins: up to 10 in
+# wide is shown unscaled
+TEXT = 8  # the smallest font size (pt) of any label, at that unscaled size
+
+
 def _sweep(ev: pd.DataFrame, config) -> pd.DataFrame:
     """divin (and the oracle) over τ at the main scale and K."""
     sweep = ev[ev["variant"].isin(["divin", ORACLE]) & (ev["cfg_scale"] == config.main_cfg)
@@ -139,6 +149,30 @@ def _sweep(ev: pd.DataFrame, config) -> pd.DataFrame:
 
 def _mean(sub: pd.DataFrame, metric: str, by: list[str]) -> pd.Series:
     return sub[sub["metric"] == metric].groupby(by)["value"].mean()
+
+
+def _pareto_curves(sub: pd.DataFrame, x_metric: str, y_metric: str,
+                   arms=PARETO_ARMS) -> dict[str, tuple[pd.Series, pd.Series]]:
+    """{arm: (x, y) means indexed by guidance scale} for the arms measured at ≥ 2 scales: a curve of one
+    point shows no trade-off over w (the arms table has that point)."""
+    out = {}
+    for variant in arms:
+        part = sub[sub["variant"] == variant]
+        xs, ys = _mean(part, x_metric, ["cfg_scale"]), _mean(part, y_metric, ["cfg_scale"])
+        both = xs.index.intersection(ys.index)
+        if len(both) >= 2:
+            out[variant] = (xs[both], ys[both])
+    return out
+
+
+def _legend_below(fig, axes, ncol: int = 4) -> None:
+    """One legend for the figure, below its panels (constrained layout keeps it off the data)."""
+    handles = {}
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=ncol, fontsize=TEXT)
 
 
 def plots(frame: pd.DataFrame, config, run=None) -> list:
@@ -151,32 +185,44 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
     for tier in dict.fromkeys(t for t, _ in defaults):
         params = [p for t, p in defaults if t == tier]
         for x_metric, y_metric in (("precision", "recall"), ("fid", "vendi")):
-            fig, axes = plt.subplots(1, len(params), figsize=(5.2 * len(params), 4), squeeze=False)
-            for ax, param in zip(axes[0], params):
-                sub = _main_arms(ev, tier, param, defaults[(tier, param)][0], k)
-                for variant in PARETO_ARMS:
-                    xs = _mean(sub[sub["variant"] == variant], x_metric, ["cfg_scale"])
-                    ys = _mean(sub[sub["variant"] == variant], y_metric, ["cfg_scale"])
-                    if len(xs) and len(ys):
-                        line, = ax.plot(xs.values, ys.values, "o-", label=variant,
-                                        lw=2.2 if variant in ("base", "divin") else 1)
+            subs = {p: _main_arms(ev, tier, p, defaults[(tier, p)][0], k) for p in params}
+            curves = {p: _pareto_curves(subs[p], x_metric, y_metric) for p in params}
+            drawn = [p for p in params if curves[p]]
+            if not drawn:  # one guidance scale per arm: the arms table's note says the plot is left out
+                continue
+            fig, axes = plt.subplots(1, len(drawn), figsize=(min(PAGE_IN, 4.8 * len(drawn)), 4.6), squeeze=False,
+                                     layout="constrained")
+            single = set()
+            for ax, param in zip(axes[0], drawn):
+                for variant, (xs, ys) in curves[param].items():
+                    line, = ax.plot(xs.values, ys.values, "o-", label=variant,
+                                    lw=2.2 if variant in ("base", "divin") else 1)
+                    if variant in ("base", "divin"):  # the scales of the two main curves (the rest share them)
                         for w, xv, yv in zip(xs.index, xs.values, ys.values):
-                            ax.annotate(f"w={fmt(w)}", (xv, yv), fontsize=6, color=line.get_color())
+                            ax.annotate(f"w={fmt(w)}", (xv, yv), xytext=(3, 3), textcoords="offset points",
+                                        fontsize=TEXT, color=line.get_color())
+                single |= {v for v in PARETO_ARMS if v not in curves[param] and (subs[param]["variant"] == v).any()}
                 ax.set(title=f"{tier} · {param}", xlabel=x_metric, ylabel=y_metric)
-            axes[0][0].legend(fontsize=7)
-            fig.suptitle(f"{tier}: {y_metric} vs {x_metric} across guidance scale")
+            _legend_below(fig, axes, ncol=5)
+            title = f"{tier}: {y_metric} vs {x_metric} across guidance scale w"
+            if single:
+                title += f"\n(at one scale only, in the arms table: {', '.join(v for v in PARETO_ARMS if v in single)})"
+            fig.suptitle(title)
             figures.append((f"{tier} pareto {y_metric} vs {x_metric}", fig))
     sweep = _sweep(ev, config)
     if not sweep.empty and sweep.groupby(["tier", "param"])["tau"].nunique().max() > 2:
-        fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
-        for ax, metric in zip(axes, ("vendi", "recall", "precision", "u_after")):
+        fig, axes = plt.subplots(2, 2, figsize=(PAGE_IN, 7.5), layout="constrained")
+        for ax, metric in zip(axes.flat, ("vendi", "recall", "precision", "u_after")):
             for (tier, param, variant), part in sweep.groupby(["tier", "param", "variant"]):
                 series = _mean(part, metric, ["tau_frac"])
                 if len(series):
                     ax.plot(series.index, series.values, "o-" if variant == "divin" else "s--",
                             label=f"{tier} {param}" + (f" {variant}" if variant != "divin" else ""))
             ax.set(title=metric, xlabel="τ / τ*", xscale="symlog", xlim=(0, None))
-        axes[0].legend(fontsize=7)
+            ticks = [v for v in sorted(sweep["tau_frac"].dropna().unique()) if v == 0 or v >= 0.5]
+            ax.set_xticks(ticks, [fmt(v) for v in ticks])  # plain numbers, not 10⁰ (the linear part is below 2)
+            ax.minorticks_off()
+        _legend_below(fig, axes, ncol=3)
         fig.suptitle(f"τ sweep of divin at w = {fmt(config.main_cfg)}")
         figures.append(("tau sweep", fig))
     if run is not None:
@@ -198,8 +244,10 @@ def _gmm_plots(run, ev, defaults, config) -> list:
     figures = []
     params = [p for t, p in defaults if t == "gmm"]
     scales = [w for w in (1.0, config.main_cfg) if w in set(samples["cfg_scale"])]
-    fig, axes = plt.subplots(len(params), 2 * len(scales), figsize=(3.2 * 2 * len(scales), 3.2 * len(params)),
-                             squeeze=False)
+    cols = 2 * len(scales)
+    panel = min(3.2, PAGE_IN / cols)
+    fig, axes = plt.subplots(len(params), cols, figsize=(panel * cols, panel * len(params) + 0.6), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
     means = gmm_means()
     for row, param in zip(axes, params):
         tau = defaults[("gmm", param)][0]
@@ -216,24 +264,29 @@ def _gmm_plots(run, ev, defaults, config) -> list:
                 ax.scatter(outside["x"], outside["y"], c="lightgrey", s=2)
                 ax.scatter(inside["x"], inside["y"], c=inside["component"], cmap="tab20", vmin=0, vmax=15, s=2)
                 ax.scatter(means[:, 0], means[:, 1], marker="+", c="k", s=30)
-                ax.set_title(f"{param} · {variant} · w={fmt(w)}", fontsize=8)
+                ax.set_title(f"{param} · {variant} · w={fmt(w)}", fontsize=9)
                 ax.set_aspect("equal")
                 ax.set_xticks([])
                 ax.set_yticks([])
-    fig.suptitle("GMM samples coloured by nearest component (grey: outside 3σ)")
+    fig.suptitle("GMM samples coloured by nearest component (grey: outside 3σ; +: component means)")
     figures.append(("gmm samples base vs divin", fig))
 
-    fig, ax = new_axes("GMM minority mass against guidance scale (true 0.3)", "guidance scale w", "minority_mass")
+    curves = {}
     for param in params:
         sub = _main_arms(ev, "gmm", param, defaults[("gmm", param)][0], config.divin.k_steps)
-        for variant in ("base", "divin", "sail", "cads", "divin_cads", "ig", "divin_ig", "pg", "divin_pg"):
-            series = _mean(sub[sub["variant"] == variant], "minority_mass", ["cfg_scale"])
-            if len(series):
-                ax.plot(series.index, series.values, "o-" if param == "eps" else "s--", label=f"{param} {variant}",
-                        lw=2 if variant in ("base", "divin") else 0.8)
-    ax.axhline(0.3, color="grey", lw=0.8, ls=":")
-    ax.legend(fontsize=6, ncol=2)
-    figures.append(("gmm minority mass vs w", fig))
+        arms = ("base", "divin", "sail", "cads", "divin_cads", "ig", "divin_ig", "pg", "divin_pg")
+        for variant, (_, mass) in _pareto_curves(sub, "minority_mass", "minority_mass", arms).items():
+            curves[(param, variant)] = mass
+    if curves:  # one guidance scale: nothing to draw against w (the arms table has minority_mass)
+        fig, ax = new_axes("GMM minority mass against guidance scale (true 0.3)", "guidance scale w",
+                           "minority_mass", size=(PAGE_IN, 4.8))
+        fig.set_layout_engine("constrained")
+        for (param, variant), series in curves.items():
+            ax.plot(series.index, series.values, "o-" if param == "eps" else "s--", label=f"{param} {variant}",
+                    lw=2 if variant in ("base", "divin") else 0.8)
+        ax.axhline(0.3, color="grey", lw=0.8, ls=":")
+        ax.legend(fontsize=TEXT, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1))
+        figures.append(("gmm minority mass vs w", fig))
     return figures
 
 
@@ -244,14 +297,31 @@ def _znorm_plot(run) -> list:
         return []
     znorm = run.table("z_norms")
     groups = list(znorm.groupby(["tier", "param"]))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.4), squeeze=False)
-    for ax, ((tier, param), sub) in zip(axes[0], groups):
+    cols = min(2, len(groups))
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(min(PAGE_IN, 4.8 * cols), 3.4 * rows + 0.4), squeeze=False,
+                             layout="constrained")
+    for ax, ((tier, param), sub) in zip(axes.flat, groups):
         for (variant, k), part in sub.groupby(["variant", "k_steps"]):
             ax.hist(part["z_norm"], bins=30, histtype="step", density=True, label=f"{variant} K={k}")
-        ax.set(title=f"{tier} · {param}", xlabel="‖z‖/√d")
-        ax.legend(fontsize=6)
+        ax.set(title=f"{tier} · {param}", xlabel="‖z‖/√d", ylabel="density")
+        ax.legend(fontsize=TEXT)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.axis("off")
     fig.suptitle("prior term: ‖z‖/√d after initialisation")
     return [("z norm histograms prior term", fig)]
+
+
+def _mosaic(images: np.ndarray, per_class: int, pad: int = 2) -> np.ndarray:
+    """(n, h, w) images of 10 classes, per_class each in class order → one image: a row per sample, a column
+    per class, separated by `pad` grey pixels."""
+    n, h, w = images.shape
+    classes = n // per_class
+    out = np.full((per_class * (h + pad) - pad, classes * (w + pad) - pad), 0.5)
+    for c in range(classes):
+        for s in range(per_class):
+            out[s * (h + pad):s * (h + pad) + h, c * (w + pad):c * (w + pad) + w] = images[c * per_class + s]
+    return out
 
 
 def _grid_plots(run) -> list:
@@ -265,18 +335,29 @@ def _grid_plots(run) -> list:
     figures = []
     for param in sorted({key.split("/")[0] for key in grids}):
         arms = [v for v in VARIANTS if f"{param}/{v}" in grids]
-        fig, axes = plt.subplots(len(arms), 1, figsize=(12, 0.42 * len(grids[f'{param}/{arms[0]}']) / 4 + 0.6 * len(arms)),
-                                 squeeze=False)
-        for ax, variant in zip(axes[:, 0], arms):
+        n, _, h, w = grids[f"{param}/{arms[0]}"].shape
+        per_class = n // 10 if n % 10 == 0 else n  # the pipeline keeps the same number of each class 0–9
+        classes = n // per_class
+        cols = 1 if len(arms) == 1 else 2
+        rows = (len(arms) + cols - 1) // cols
+        panel_w = min(PAGE_IN / cols, 0.5 * classes)  # ≥ 0.45 in (≈ 50 px) per digit
+        panel_h = panel_w * per_class * (h + 2) / (classes * (w + 2)) + 0.35
+        fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols, panel_h * rows + 0.5), squeeze=False,
+                                 layout="constrained")
+        for ax, variant in zip(axes.flat, arms):
             images = np.clip((grids[f"{param}/{variant}"][:, 0] + 1) / 2, 0, 1)
-            per_class = 4
-            rows = [np.concatenate(list(images[c * per_class:(c + 1) * per_class]), axis=1)
-                    for c in range(len(images) // per_class)]
-            ax.imshow(np.concatenate(rows, axis=1), cmap="gray", vmin=0, vmax=1)
-            ax.set_ylabel(variant, rotation=0, ha="right", fontsize=8)
-            ax.set_xticks([])
+            ax.imshow(_mosaic(images, per_class), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+            ax.set_title(variant, fontsize=10)
+            if classes == 10:
+                ax.set_xticks([c * (w + 2) + w / 2 - 0.5 for c in range(classes)], [str(c) for c in range(classes)],
+                              fontsize=TEXT)
+                ax.tick_params(length=0, pad=1)
+            else:
+                ax.set_xticks([])
             ax.set_yticks([])
-        fig.suptitle(f"digits · {param}: 4 samples per class (0–9), every arm from the same seeds")
+        for ax in list(axes.flat)[len(arms):]:
+            ax.axis("off")
+        fig.suptitle(f"digits · {param}: {per_class} samples per class (columns: class 0–9), "
+                     "every arm from the same seeds")
         figures.append((f"digits samples {param}", fig))
     return figures
-

@@ -52,7 +52,10 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
     better = _better()
     gen = ev[ev["metric"].isin(GEN)]
     loop = ev[ev["metric"].isin(LOOP)]
-    return [metric_table(gen, "Generators (held-out tiles)", GEN, better, rows=["variant", "nfe"], order=ORDER),
+    note = "" if not _gap_latency(ev).empty else ("endpoint_gap_m is – for every variant (no successor edge "
+                                                  "decoded): the \"Endpoint gap vs latency\" plot is left out")
+    return [metric_table(gen, "Generators (held-out tiles)", GEN, better, rows=["variant", "nfe"], order=ORDER,
+                         note=note),
             metric_table(loop, "Closed-loop rollouts (policy × start mode)", LOOP, better,
                          rows=["policy", "start_mode"]),
             metric_table(ev, "ΔSim open loop", ["npc_token_acc", "npc_ade_m"], better, order=ORDER),
@@ -60,39 +63,72 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
                          rows=["variant", "nfe"], order=ORDER)]
 
 
+def _gap_latency(ev: pd.DataFrame) -> pd.DataFrame:
+    """variant × (ms_per_tile, endpoint_gap_m), the variants with both finite (a variant that decoded no successor
+    edge has no gap to place)."""
+    wide = ev[ev["metric"].isin(["endpoint_gap_m", "ms_per_tile"])].pivot_table(
+        index="variant", columns="metric", values="value", aggfunc="mean")
+    if not {"endpoint_gap_m", "ms_per_tile"} <= set(wide.columns):
+        return wide.iloc[0:0]
+    return _in_order(wide[np.isfinite(wide["endpoint_gap_m"]) & np.isfinite(wide["ms_per_tile"])])
+
+
+def _in_order(wide: pd.DataFrame) -> pd.DataFrame:
+    """Rows indexed by variant in ORDER, the unknown ones after."""
+    return wide.loc[[v for v in ORDER if v in wide.index] + [v for v in wide.index if v not in ORDER]]
+
+
+MARKERS = "osD^vP*Xph<>"
+
+
+def _variant_style(variant: str) -> dict:
+    """One colour and marker per variant, the same in every plot (ORDER's position)."""
+    i = ORDER.index(variant) if variant in ORDER else len(ORDER) + sum(map(ord, variant))
+    return dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)])
+
+
+def legend_outside(ax, **kw):
+    """A legend to the right of the axes, so that it covers no data (savefig's tight bbox keeps it)."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+
+
+def _labelled_scatter(ax, points: pd.DataFrame, x: str, y: str) -> None:
+    """One marker per variant, named in a legend beside the axes: variants at the same point (e.g. every
+    one-step generator at nfe 1) stay legible, where labels written at the points overlapped."""
+    for variant, row in points.iterrows():  # hollow markers: two variants at one point both show
+        style = _variant_style(variant)
+        ax.scatter(row[x], row[y], s=49, marker=style["marker"], facecolors="none", edgecolors=style["color"],
+                   linewidths=1.5, label=variant)
+    legend_outside(ax)
+
+
 def plots(frame: pd.DataFrame, config, run=None) -> list:
     ev = frame[frame["phase"] == "eval"]
     figures = []
-    fig, ax = new_axes("Endpoint gap vs latency", "ms per tile (batch 1, CPU)", "endpoint gap (m)", xlog=True)
-    wide = ev[ev["metric"].isin(["endpoint_gap_m", "ms_per_tile"])].pivot_table(index="variant", columns="metric",
-                                                                                 values="value", aggfunc="first")
-    for variant, row in wide.iterrows():
-        if not (np.isfinite(row.get("ms_per_tile", np.nan)) and np.isfinite(row.get("endpoint_gap_m", np.nan))):
-            continue  # no successor edge decoded: no gap to place
-        ax.scatter(row.get("ms_per_tile"), row.get("endpoint_gap_m"))
-        ax.annotate(variant, (row.get("ms_per_tile"), row.get("endpoint_gap_m")), fontsize=8)
-    figures.append(("Endpoint gap vs latency", fig))
+    gap = _gap_latency(ev)
+    if not gap.empty:  # else the Generators table's note says that it is left out
+        fig, ax = new_axes("Endpoint gap vs latency", "ms per tile (batch 1, CPU)", "endpoint gap (m)", xlog=True)
+        _labelled_scatter(ax, gap, "ms_per_tile", "endpoint_gap_m")
+        figures.append(("Endpoint gap vs latency", fig))
     lat = ev[(ev["metric"] == "ms_per_tile") & (ev["nfe"].fillna(0) > 0)]
     if not lat.empty:
         fig, ax = new_axes("Latency vs steps", "network evaluations per tile (nfe)", "ms per tile (batch 1, CPU)",
                            xlog=True, ylog=True)
-        for _, row in lat.iterrows():
-            ax.scatter(row["nfe"], row["value"])
-            ax.annotate(row["variant"], (row["nfe"], row["value"]), fontsize=8)
+        _labelled_scatter(ax, _in_order(lat.groupby("variant")[["nfe", "value"]].mean()), "nfe", "value")
         figures.append(("Latency vs steps", fig))
     tr = frame[(frame["phase"] == "train") & (frame["metric"] == "loss")]
     if not tr.empty:
         fig, ax = new_axes("Training losses", "step", "loss", ylog=True)
         for model, rows in tr.groupby("model"):
             ax.plot(rows["step"], rows["value"].clip(lower=1e-6), label=model)
-        ax.legend(fontsize=7)
+        legend_outside(ax)
         figures.append(("Loss curves", fig))
     jerk = ev[ev["metric"] == "jerk_first_1s"]
     if not jerk.empty:
         fig, ax = new_axes("Early jerk, warm vs cold", "policy", "mean |Δa|/Δt over the first 1 s", ylog=True)
         for mode, rows in jerk.groupby("start_mode"):
             ax.plot(rows["policy"], rows["value"].clip(lower=1e-6), marker="o", label=mode)
-        ax.legend()
+        ax.legend(loc="best", framealpha=0.8)
         ax.tick_params(axis="x", labelrotation=20, labelsize=7)
         figures.append(("Jerk warm vs cold", fig))
     if run is not None:
@@ -103,19 +139,26 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
 
 def _jerk_over_time(run) -> list:
     """Mean NPC jerk per step since spawn (all rollouts of an arm), warm (solid) vs cold (dashed)."""
+    from matplotlib.lines import Line2D
+
     path = run.checkpoints / "jerk_by_age.npz"
     if not path.exists():
         return []
     z = np.load(path)
-    fig, ax = new_axes("Jerk over time, warm vs cold", "steps since spawn (10 Hz)", "mean |Δa|/Δt (m/s³)")
+    fig, ax = new_axes("Jerk over time, warm vs cold", "steps since spawn (10 Hz)", "mean |Δa|/Δt (m/s³)",
+                       size=(7.5, 4.0))
     ax.set_yscale("symlog", linthresh=1.0)  # a step at constant acceleration has jerk exactly 0
-    colours = {}
+    colours, modes = {}, {}
     for key in z.files:
         policy, mode = key.split("__")
         colour = colours.setdefault(policy, f"C{len(colours)}")
-        ax.plot(np.arange(len(z[key])), z[key], color=colour,
-                ls="-" if mode == "warm" else "--", label=f"{policy} {mode}")
-    ax.legend(fontsize=6, ncol=2)
+        ls = modes.setdefault(mode, "-" if mode == "warm" else "--")
+        ax.plot(np.arange(len(z[key])), z[key], color=colour, ls=ls, lw=1.2)
+    # one short legend beside the axes (a colour per policy, then the line style per start mode), where one entry
+    # per line inside the axes covered a third of them
+    handles = [Line2D([], [], color=c, lw=2) for c in colours.values()]
+    handles += [Line2D([], [], color="0.3", ls=ls) for ls in modes.values()]
+    legend_outside(ax, handles=handles, labels=list(colours) + [f"{mode} start" for mode in modes])
     return [("Jerk over time", fig)]
 
 
@@ -190,23 +233,45 @@ def strip_figure(trace, title: str, tile_m: float = 64.0):
 
 
 def _traces(run) -> list:
-    """Rollout 0 (warm start) of the discrete ΔSim and of ΔSim + projection: ego path and NPC paths."""
+    """Rollout 0 (warm start) of the discrete ΔSim and of ΔSim + projection: ego path and NPC paths. One panel per
+    row at equal scale; a panel's height follows its paths' extent, at least a quarter of its width (a rollout
+    along a straight road is long and flat: side by side at equal aspect it was a few pixels high)."""
     import matplotlib.pyplot as plt
 
     names = [n for n in ("deltasim_discrete", "deltasim_proj") if (run.checkpoints / f"trace_{n}.npz").exists()]
     if not names:
         return []
-    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4))
-    for ax, name in zip(np.atleast_1d(axes), names):
-        plot_trace(ax, np.load(run.checkpoints / f"trace_{name}.npz"))
-        ax.set_title(f"{name}: ego (black), NPCs", fontsize=8)
+    traces = [np.load(run.checkpoints / f"trace_{name}.npz") for name in names]
+    limits = [trace_limits(trace) for trace in traces]
+    width = 10.0
+    heights = [float(np.clip(width * np.ptp(ylim) / np.ptp(xlim), 2.0, 6.0)) for xlim, ylim in limits]
+    fig, axes = plt.subplots(len(names), 1, figsize=(width, sum(heights) + 0.6 * len(names)), squeeze=False,
+                             gridspec_kw=dict(height_ratios=heights))
+    for ax, name, trace, (xlim, ylim) in zip(axes[:, 0], names, traces, limits):
+        plot_trace(ax, trace)
+        ax.set_xlim(*xlim)
+        ax.set_ylim(*ylim)
+        ax.set_aspect("equal", adjustable="box")  # the height above fits the limits: the box keeps its size
+        ax.set_title(f"{name}: ego (black), NPCs (colours); metres", fontsize=8)
+    fig.tight_layout()
     return [("Rollout trajectories", fig)]
+
+
+def trace_limits(trace, min_ratio: float = 0.25, pad: float = 0.05):
+    """(xlim, ylim) around a trace's ego and NPC paths, the shorter side widened to min_ratio of the longer."""
+    xy = np.concatenate([trace["ego"][:, :2], trace["npc"][:, :2]]) if len(trace["npc"]) else trace["ego"][:, :2]
+    xy = xy[np.isfinite(xy).all(axis=1)]
+    low, high = xy.min(axis=0), xy.max(axis=0)
+    span = np.maximum(high - low, 1.0)
+    span = np.maximum(span, min_ratio * span.max()) * (1 + 2 * pad)
+    mid = (low + high) / 2
+    return (mid[0] - span[0] / 2, mid[0] + span[0] / 2), (mid[1] - span[1] / 2, mid[1] + span[1] / 2)
 
 
 def plot_trace(ax, trace) -> None:
     starts = np.concatenate([[0], np.cumsum(trace["npc_len"])])
     for a, b in zip(starts[:-1], starts[1:]):
-        ax.plot(trace["npc"][a:b, 0], trace["npc"][a:b, 1], lw=0.6)
+        ax.plot(trace["npc"][a:b, 0], trace["npc"][a:b, 1], lw=0.8)
     ax.plot(trace["ego"][:, 0], trace["ego"][:, 1], color="k", lw=1.2)
     ax.set_aspect("equal")
 

@@ -105,23 +105,35 @@ def headline(frame: pd.DataFrame) -> dict:
 
 
 # plots -------------------------------------------------------------------------------------------
+PAGE_IN = 9.6  # the HTML page shows 1100 px of a plot saved at 110 dpi with 0.1 in margins: ≤ 10 in is unscaled
+TEXT = 9  # font size (pt) of the gallery's labels, shown at that size (the figures stay within PAGE_IN)
+
+
+def _outside_legend(axis) -> None:
+    """The legend right of the axes: with up to 13 arms, a legend inside covers the curves."""
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+
+
 def _curves(curves: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
+    figure, axes = plt.subplots(1, 3, figsize=(PAGE_IN, 3.8), sharey=True, layout="constrained")
     titles = {"lerf": "deletion, least relevant first (↑)", "morf": "deletion, most relevant first (↓)",
               "insertion": "insertion, most relevant first (↑)"}
     for axis, mode in zip(axes, ("lerf", "morf", "insertion")):
         for arm, rows in curves[(curves["mode"] == mode) & (curves["fill"] == "blur")].groupby("variant", sort=False):
             axis.plot(rows["frac"], rows["prob"], label=arm, lw=2.2 if arm == "dave" else 1.2)
-        axis.set_title(titles[mode])
+        axis.set_title(titles[mode], fontsize=9)
         axis.set_xlabel("fraction of pixels changed")
     axes[0].set_ylabel("target softmax (mean)")
-    axes[-1].legend(fontsize=7, loc="best")
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, fontsize=8, loc="outside right upper")
     return figure
 
 
 def _gallery(data, arms: list[str], kind: str, classes: list[str]):
+    """Rows: the input, then one row per arm; columns: images (single) or (montage, target class) pairs, wrapped
+    into blocks of at most 8 columns so that every map is ≥ 1 in and every label readable on the page."""
     import matplotlib.pyplot as plt
 
     pixels = data[f"{kind}_pixels"]
@@ -129,23 +141,40 @@ def _gallery(data, arms: list[str], kind: str, classes: list[str]):
         columns = [(i, k) for i in range(len(pixels)) for k in range(4)]
     else:
         columns = [(i, None) for i in range(len(pixels))]
-    figure, axes = plt.subplots(len(arms) + 1, len(columns), figsize=(1.3 * len(columns), 1.3 * (len(arms) + 1)),
-                                squeeze=False)
-    for j, (i, k) in enumerate(columns):
-        axes[0, j].imshow(pixels[i].transpose(1, 2, 0))
-        if k is not None:
-            axes[0, j].set_title(classes[int(data["montage_classes"][i][k])], fontsize=7)
+    per_block = 8
+    blocks = [columns[s:s + per_block] for s in range(0, len(columns), per_block)]
+    width = max(len(b) for b in blocks)
+    label_in = 1.7  # room for the arm names left of the first column
+    cell = min(1.2, (PAGE_IN - label_in) / width)
+    rows = len(arms) + 1
+    what = ("montages (2×2 grids of four classes): each column explains the target class in its title"
+            if kind == "montage" else "single test images")
+    figure = plt.figure(figsize=(label_in + cell * width, len(blocks) * (cell * rows + 0.3) + 0.7),
+                        layout="constrained")
+    figure.suptitle(f"Maps of {what}\nrows: arms; each map scaled to its own peak |value| (inferno: non-negative, "
+                    "blue–white–red: signed)", fontsize=10)
+    subfigures = figure.subfigures(len(blocks), 1, squeeze=False)[:, 0]
+    for block, sub in zip(blocks, subfigures):
+        axes = sub.subplots(rows, width, squeeze=False)
+        for j, (i, k) in enumerate(block):
+            axes[0, j].imshow(pixels[i].transpose(1, 2, 0))
+            if k is not None:
+                axes[0, j].set_title(f"{i + 1}: {classes[int(data['montage_classes'][i][k])]}", fontsize=TEXT)
+            else:
+                axes[0, j].set_title(f"image {i + 1}", fontsize=TEXT)
+            for r, arm in enumerate(arms, start=1):
+                m = data[f"{kind}/{arm}"][i] if k is None else data[f"{kind}/{arm}"][i, k]
+                peak = np.abs(m).max() + 1e-12
+                signed = bool((m < 0).any())
+                axes[r, j].imshow(m / peak, cmap="bwr" if signed else "inferno", vmin=-1 if signed else 0, vmax=1)
+        axes[0, 0].set_ylabel("input", fontsize=TEXT, rotation=0, ha="right", va="center")
         for r, arm in enumerate(arms, start=1):
-            m = data[f"{kind}/{arm}"][i] if k is None else data[f"{kind}/{arm}"][i, k]
-            peak = np.abs(m).max() + 1e-12
-            axes[r, j].imshow(m / peak, cmap="bwr" if (m < 0).any() else "inferno", vmin=-1 if (m < 0).any() else 0,
-                              vmax=1)
-            if j == 0:
-                axes[r, j].set_ylabel(arm, fontsize=7, rotation=0, ha="right", va="center")
-    for axis in axes.flat:
-        axis.set_xticks([])
-        axis.set_yticks([])
-    figure.tight_layout()
+            axes[r, 0].set_ylabel(arm, fontsize=TEXT, rotation=0, ha="right", va="center")
+        for axis in axes.flat:
+            axis.set_xticks([])
+            axis.set_yticks([])
+        for axis in axes[:, len(block):].flat:  # the last block's unused columns
+            axis.set_visible(False)
     return figure
 
 
@@ -158,7 +187,7 @@ def _spectrum(spectra: pd.DataFrame, side: int, patch: int):
         f = m * side / patch
         if f <= side / 2:
             axis.axvline(f, color="grey", ls="--", lw=0.8)
-    axis.legend(fontsize=7)
+    _outside_legend(axis)
     axis.set_title("Mean log-spectrum of the maps (dashed: multiples of 1/patch)")
     return figure
 
@@ -169,14 +198,28 @@ def _stability(rows: pd.DataFrame):
     for arm, part in shifts.groupby("variant", sort=False):
         part = part.groupby("shift_px")["value"].mean()
         axis.plot(part.index, part.values, marker="o", label=arm, lw=2.2 if arm == "dave" else 1.0)
-    axis.legend(fontsize=7)
+    _outside_legend(axis)
     return figure
 
 
-def _sweep(sweep: pd.DataFrame):
-    figure, axis = new_axes("α_max validation sweep", "α_max", "DAVE GridPG on validation montages")
-    part = sweep.groupby("alpha_max")["value"].mean()
-    axis.plot(part.index, part.values, marker="o")
+def _sweep(sweep: pd.DataFrame, chosen: float | None = None):
+    """GridPG over α_max on [0, 1] (it is a fraction; chance 0.25), each point labelled with its value: a sweep
+    whose values differ by 3e-4 is shown flat, not stretched over the whole axis."""
+    figure, axis = new_axes("α_max validation sweep (DAVE GridPG on validation montages)", "α_max",
+                            "GridPG (chance 0.25)")
+    part = sweep.groupby("alpha_max")["value"].mean().dropna()
+    axis.plot(part.index, part.values, marker="o", label="DAVE")
+    for alpha, value in part.items():
+        axis.annotate(fmt(value, 3), (alpha, value), xytext=(0, 7), textcoords="offset points", ha="center",
+                      fontsize=9)
+    axis.axhline(0.25, color="grey", ls=":", lw=1, label="chance (0.25)")
+    if chosen is not None:
+        axis.axvline(chosen, color="k", ls="--", lw=0.8, label=f"α_max used on test ({fmt(chosen)})")
+    axis.set_ylim(0, 1)
+    axis.set_xticks(part.index, [fmt(a) for a in part.index])
+    spread = float(part.max() - part.min()) if len(part) else 0.0
+    axis.text(0.02, 0.96, f"spread over α_max: {fmt(spread, 2)}", transform=axis.transAxes, va="top", fontsize=9)
+    axis.legend(fontsize=8, loc="upper right")
     return figure
 
 
@@ -204,8 +247,9 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
     if not rows[rows["metric"] == "stability_shift"].empty:
         out.append(("stability vs shift", _stability(rows)))
     sweep = frame[(frame["phase"] == "eval") & (frame["split"] == "val") & (frame["metric"] == "grid_pg")]
-    if not sweep.empty:
-        out.append(("alpha_max sweep", _sweep(sweep)))
+    if sweep["alpha_max"].nunique() >= 2:  # one α_max is no sweep: the table has its value
+        chosen = rows["alpha_max"].dropna()
+        out.append(("alpha_max sweep", _sweep(sweep, float(chosen.iloc[0]) if len(chosen) else None)))
     return out
 
 

@@ -158,6 +158,11 @@ def headline(frame: pd.DataFrame) -> dict:
 
 
 # plots -----------------------------------------------------------------------------------------------------
+def legend_outside(axis, **kw):
+    """A legend to the right of the axes, so that it covers no data (the report's tight bbox keeps it)."""
+    return axis.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+
+
 def _auroc_vs_k(frame: pd.DataFrame):
     rows = _test(frame, "auroc", "client_weighted")
     rows = rows[(rows["group"] == "all") & rows["variant"].isin(MAIN)]
@@ -172,7 +177,7 @@ def _auroc_vs_k(frame: pd.DataFrame):
     axis.set_xscale("log")
     ks = sorted(rows["K"].unique())
     axis.set_xticks(ks, [str(int(k)) for k in ks])
-    axis.legend(fontsize=7)
+    legend_outside(axis)
     return figure
 
 
@@ -191,7 +196,7 @@ def _weak_vs_strong(frame: pd.DataFrame):
     axis.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
     axis.axhline(0.5, color="k", lw=0.8)
     axis.set_ylim(0, 1)
-    axis.legend(fontsize=7)
+    legend_outside(axis)  # inside, it covered the tallest bars (AUROC near 1 is the common case)
     return figure
 
 
@@ -210,25 +215,51 @@ def _client_dots(clients: pd.DataFrame):
 
 
 def _partition_stats(frame: pd.DataFrame, clients: pd.DataFrame):
+    """Client sizes (mvfgad's partitions) beside the share of edges each partition cuts; a panel without rows
+    is left out (None when both are)."""
     import matplotlib.pyplot as plt
 
     sizes = clients[(clients["variant"] == "mvfgad") & (clients["group"] == "all")]
+    sizes = sizes[sizes["seed"] == sizes["seed"].min()]
     cuts = frame[(frame["phase"] == "eval") & (frame["metric"] == "cut_edge_frac")]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for k, group in sizes[sizes["seed"] == sizes["seed"].min()].groupby("K"):
-        values = np.sort(group["n_nodes"].to_numpy())[::-1]
-        left.plot(np.arange(len(values)), values, marker="o", label=f"K={int(k)}")
-    left.set_title("Client sizes (Louvain, capped and balanced)")
-    left.set_xlabel("client (largest first)")
-    left.set_ylabel("nodes")
-    left.legend(fontsize=7)
     by_partition = cuts.groupby(["partition", "K"])["value"].mean().reset_index()
-    labels = [f"{p}\nK={int(k)}" for p, k in zip(by_partition["partition"], by_partition["K"])]
-    right.bar(range(len(labels)), by_partition["value"])
-    right.set_xticks(range(len(labels)), labels, fontsize=7)
-    right.set_title("Share of edges cut by the partition")
-    right.set_ylabel("cut_edge_frac")
+    panels = ([("sizes", max(3.0, 0.25 * (len(sizes) + sizes["K"].nunique())))] if not sizes.empty else []) \
+        + ([("cuts", max(3.0, 0.6 * len(by_partition)))] if not by_partition.empty else [])  # widths from the bars
+    if not panels:
+        return None
+    widths = [w for _, w in panels]
+    figure, axes = plt.subplots(1, len(panels), figsize=(sum(widths) + 1.5 * len(panels), 3.8), squeeze=False,
+                                gridspec_kw=dict(width_ratios=widths))
+    for axis, (kind, _) in zip(axes[0], panels):
+        if kind == "sizes":
+            _client_sizes(axis, sizes)
+            continue
+        labels = [f"{p}\nK={int(k)}" for p, k in zip(by_partition["partition"], by_partition["K"])]
+        axis.bar(range(len(labels)), by_partition["value"])
+        axis.set_xticks(range(len(labels)), labels, fontsize=7)
+        axis.set_title("Share of edges cut by the partition", fontsize=10)
+        axis.set_ylabel("cut_edge_frac")
+    figure.tight_layout()
     return figure
+
+
+def _client_sizes(axis, sizes: pd.DataFrame) -> None:
+    """Each client's node count as a bar, largest first, one group of bars per K (with N/K dotted: equal
+    shares); a line through them read as a trend along a client index, which has no order of its own."""
+    x0, centres, labels = 0, [], []
+    for i, (k, group) in enumerate(sizes.groupby("K")):
+        values = np.sort(group["n_nodes"].to_numpy())[::-1]
+        xs = x0 + np.arange(len(values))
+        axis.bar(xs, values, 0.8, color=f"C{i}")
+        axis.hlines(values.sum() / len(values), xs[0] - 0.4, xs[-1] + 0.4, colors="k", linestyles=":", lw=1)
+        centres.append(xs.mean())
+        labels.append(f"K={int(k)}")
+        x0 += len(values) + 1
+    axis.set_xticks(centres, labels)
+    seed = f", grid seed {int(sizes['seed'].iloc[0])}" if not sizes.empty else ""
+    axis.set_title(f"Client sizes (Louvain, capped and balanced{seed})", fontsize=10)
+    axis.set_xlabel("clients, largest first (dotted: N/K)")
+    axis.set_ylabel("nodes")
 
 
 def _score_histograms(histogram: pd.DataFrame):
@@ -239,7 +270,7 @@ def _score_histograms(histogram: pd.DataFrame):
         curve = curve.sort_values("bin")
         axis.plot(curve["bin"], curve["density"], label=group, lw=2.5 if group == "normal" else 1.2,
                   color="black" if group == "normal" else None)
-    axis.legend(fontsize=7)
+    legend_outside(axis)
     return figure
 
 
@@ -253,7 +284,10 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         out.append(("weak vs strong", _weak_vs_strong(frame)))
     clients = run.table("client_metrics") if run is not None else None
     if clients is not None and not clients.empty:
-        out += [("per-client AUROC", _client_dots(clients)), ("partition statistics", _partition_stats(frame, clients))]
+        out.append(("per-client AUROC", _client_dots(clients)))
+        partition = _partition_stats(frame, clients)
+        if partition is not None:
+            out.append(("partition statistics", partition))
     histogram = run.table("score_histogram") if run is not None else None
     if histogram is not None and not histogram.empty:
         out.append(("score histograms", _score_histograms(histogram)))

@@ -69,10 +69,11 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
     for task in _tasks(rows):
         for metric in (score, "retention"):
             wide = _by_ratio(rows, metric, task)
+            note = f"retention = {score} / {score}(full) of the same task" if metric == "retention" else ""
+            if metric == "retention" and task not in _retention_tasks(rows):
+                note += f"; {score}(full) is 0 here, so retention is undefined and the retention plot leaves {task} out"
             out.append(Table(f"{metric} — {task} (variant × budget ratio)", wide,
-                             {c: "higher" for c in wide.columns if c.startswith("r=")},
-                             f"retention = {score} / {score}(full) of the same task"
-                             if metric == "retention" else ""))
+                             {c: "higher" for c in wide.columns if c.startswith("r=")}, note))
     ratio = _focus_ratio(rows)
     metrics = ["kl_to_full", "answer_nll", "memory_bytes", "overhead_ms", "kept_entries", "budget_cv", "mean_entropy"]
     focus = rows[np.isclose(rows["ratio"], ratio) & rows["metric"].isin(metrics) & rows["task"].isin(TASKS + [
@@ -115,42 +116,113 @@ def headline(frame: pd.DataFrame) -> dict:
 
 
 # plots -----------------------------------------------------------------------------------------
+MARKERS = "osD^vP*Xph<>x"  # one per variant (VARIANTS has 13); the 11th-13th share C0-C2: other shapes
+
+
+def variant_style(variant: str, layer: float = 0.0) -> dict:
+    """A variant's line style, the same in every plot: its own colour and hollow marker, solid for EntroKV and
+    dashed for the rest. layer (0..1) widens the line and the marker: among coinciding curves the first drawn is
+    the widest and each later one thinner on top of it, so that they show as nested outlines (cased lines)
+    rather than the last hiding the others."""
+    i = VARIANTS.index(variant) if variant in VARIANTS else len(VARIANTS) + sum(map(ord, variant))
+    return dict(color=f"C{i % 10}", marker=MARKERS[i % len(MARKERS)], mfc="none", mew=1.2, ms=6.0 + 6.0 * layer,
+                lw=1.3 + 3.2 * layer, ls="-" if variant.startswith("entrokv") else "--")
+
+
+def coinciding(curves: dict[str, pd.Series]) -> list[list[str]]:
+    """Groups (of two or more) of variants whose curves are the same: same x values, values within 1e-9."""
+    groups: list[list[str]] = []
+    for name, curve in curves.items():
+        for group in groups:
+            other = curves[group[0]]
+            if len(other) == len(curve) and np.allclose(other.index, curve.index) and \
+                    np.allclose(other.to_numpy(), curve.to_numpy(), rtol=0, atol=1e-9, equal_nan=True):
+                group.append(name)
+                break
+        else:
+            groups.append([name])
+    return [g for g in groups if len(g) > 1]
+
+
+def _style_curves(axis, curves: dict[str, pd.Series], width_in: float) -> None:
+    """Draw each variant's curve in its own style, and write under the axis which curves coincide."""
+    import textwrap
+
+    same = coinciding(curves)
+    layer = {v: (len(g) - 1 - k) / (len(g) - 1) for g in same for k, v in enumerate(g)}
+    for variant, curve in curves.items():
+        axis.plot(curve.index, curve.to_numpy(), label=variant, **variant_style(variant, layer.get(variant, 0.0)))
+    if same:
+        text = "coincide: " + "; ".join(" = ".join(g) for g in same)
+        axis.text(0.0, -0.2, textwrap.fill(text, int(width_in * 12)), transform=axis.transAxes, fontsize=8,
+                  va="top", ha="left", color="0.25")
+
+
+def _curves(picked: pd.DataFrame) -> dict[str, pd.Series]:
+    """variant → its value per ratio (mean over the rest), in VARIANTS' order."""
+    curves = {v: picked[picked["variant"] == v].groupby("ratio")["value"].mean()
+              for v in [v for v in VARIANTS if v in set(picked["variant"])]
+              + sorted(v for v in set(picked["variant"]) if v not in VARIANTS)}
+    return {v: curve for v, curve in curves.items() if np.isfinite(curve.to_numpy()).any()}  # NaN: nothing to draw
+
+
+def _retention_tasks(rows: pd.DataFrame) -> list[str]:
+    """The tasks with a finite retention (it is NaN where the full cache scores 0: nothing to divide by)."""
+    retention = rows[rows["metric"] == "retention"]
+    return [t for t in _tasks(rows) if np.isfinite(retention.loc[retention["task"] == t, "value"]).any()]
+
+
+def legend_outside(axis, **kw):
+    """A legend to the right of the axes, so that it covers no data (the report's tight bbox keeps it); its
+    lines in one width, whatever width coincidence gave a curve."""
+    legend = axis.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+    for line in legend.get_lines():
+        line.set_linewidth(1.3)
+        line.set_markersize(6.0)
+    return legend
+
+
 def _retention_curves(rows: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-    tasks = _tasks(rows)
-    figure, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), sharey=True, squeeze=False)
+    tasks = _retention_tasks(rows)
+    figure, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks), 3.6), sharey=True, squeeze=False)
     for axis, task in zip(axes[0], tasks):
-        picked = rows[(rows["metric"] == "retention") & (rows["task"] == task)]
-        for variant in [v for v in VARIANTS if v in set(picked["variant"])]:
-            curve = picked[picked["variant"] == variant].sort_values("ratio")
-            style = "-" if variant.startswith("entrokv") else "--"
-            axis.plot(curve["ratio"], curve["value"], style, marker="o", ms=3, label=variant)
+        _style_curves(axis, _curves(rows[(rows["metric"] == "retention") & (rows["task"] == task)]), 3.6)
         axis.set_title(task)
         axis.set_xlabel("budget ratio r")
     axes[0][0].set_ylabel("retention (EM / EM full)")
-    axes[0][-1].legend(fontsize=6)
+    legend_outside(axes[0][-1])
     return figure
 
 
 def _heatmaps(alloc: pd.DataFrame, ratio: float):
+    """Mean history budget per (layer, KV head), one panel per task and the uniform SnapKV map; sized from the
+    grid, one layer axis for the row (its label and ticks only on the first panel)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     picked = alloc[(alloc["variant"] == "entrokv_snapkv") & np.isclose(alloc["ratio"], ratio)]
     tasks = [t for t in TASKS if t in set(picked["task"])] or sorted(picked["task"].unique())
     uniform = alloc[(alloc["variant"] == "snapkv") & np.isclose(alloc["ratio"], ratio)]
     panels = [(f"{t}", picked[picked["task"] == t]) for t in tasks] + [("uniform (snapkv)", uniform)]
-    figure, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
-    maps = [p.groupby(["layer", "kv_head"])["budget"].mean().unstack() for _, p in panels]
-    maps = [m for m in maps if not m.empty]
-    low, high = min(m.to_numpy().min() for m in maps), max(m.to_numpy().max() for m in maps)
-    for axis, (title, _), grid in zip(axes[0], panels, maps):
+    panels = [(title, p.groupby(["layer", "kv_head"])["budget"].mean().unstack()) for title, p in panels]
+    panels = [(title, grid) for title, grid in panels if not grid.empty]  # snapkv not run: no uniform panel
+    if not panels:
+        return None
+    layers, heads = max(g.shape[0] for _, g in panels), max(g.shape[1] for _, g in panels)
+    width, height = float(np.clip(0.45 * heads + 1.2, 2.2, 4.0)), float(np.clip(0.22 * layers + 1.6, 2.6, 8.0))
+    figure, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 1.4, height), squeeze=False,
+                                sharey=True, layout="constrained")
+    low = min(np.nanmin(g.to_numpy()) for _, g in panels)
+    high = max(np.nanmax(g.to_numpy()) for _, g in panels)
+    for axis, (title, grid) in zip(axes[0], panels):
         image = axis.imshow(grid.to_numpy(), vmin=low, vmax=high, cmap="viridis", aspect="auto")
         axis.set_title(title, fontsize=9)
         axis.set_xlabel("KV head")
-        axis.set_ylabel("layer")
-        axis.set_xticks(range(grid.shape[1]))
-        axis.set_yticks(range(grid.shape[0]))
+        axis.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+        axis.yaxis.set_major_locator(MaxNLocator(nbins=max(2, int(height * 4)), integer=True))
+    axes[0][0].set_ylabel("layer")
     figure.colorbar(image, ax=axes[0].tolist(), label="mean history budget B")
     return figure
 
@@ -160,17 +232,14 @@ def _entropy_scatter(alloc: pd.DataFrame, ratio: float):
     figure, axis = new_axes(f"Entropy vs budget (entrokv_snapkv, r={ratio:g})", "normalised entropy H", "budget B")
     for task, group in picked.groupby("task"):
         axis.scatter(group["entropy"], group["budget"], s=4, alpha=0.4, label=task)
-    axis.legend(fontsize=7)
+    legend_outside(axis, markerscale=3)
     return figure
 
 
 def _memory(rows: pd.DataFrame):
     figure, axis = new_axes("Memory held by the compressed cache", "budget ratio r", "memory_bytes")
-    picked = rows[rows["metric"] == "memory_bytes"]
-    for variant in [v for v in VARIANTS if v in set(picked["variant"])]:
-        curve = picked[picked["variant"] == variant].groupby("ratio")["value"].mean()
-        axis.plot(curve.index, curve.values, marker="o", ms=3, label=variant)
-    axis.legend(fontsize=6)
+    _style_curves(axis, _curves(rows[rows["metric"] == "memory_bytes"]), 6.4)
+    legend_outside(axis)
     return figure
 
 
@@ -182,9 +251,9 @@ def _forest(rows: pd.DataFrame):
     figure, axis = new_axes(f"Paired bootstrap 95% CI: {score}(entrokv_snapkv) − {score}(snapkv)",
                             f"{score} difference", "")
     labels = [f"{t} r={r:g}" for t, r in zip(wide["task"], wide["ratio"])]
-    for y, (low, high) in enumerate(zip(wide[f"{diff}_ci_low"], wide[f"{diff}_ci_high"])):
-        axis.plot([low, high], [y, y], color="C0", lw=2)
-        axis.plot([(low + high) / 2], [y], "o", color="C0")
+    low, high = wide[f"{diff}_ci_low"].to_numpy(), wide[f"{diff}_ci_high"].to_numpy()
+    mid = (low + high) / 2  # the interval's middle, marked; its ends capped (a zero-width interval is a point)
+    axis.errorbar(mid, np.arange(len(wide)), xerr=[mid - low, high - mid], fmt="o", color="C0", lw=2, capsize=4)
     axis.axvline(0, color="k", lw=0.8)
     axis.set_yticks(range(len(labels)), labels, fontsize=7)
     return figure
@@ -194,12 +263,15 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
     rows = _eval(frame)
     if rows.empty:
         return []
-    out = [("retention vs ratio", _retention_curves(rows)), ("memory vs ratio", _memory(rows))]
+    out = [("retention vs ratio", _retention_curves(rows))] if _retention_tasks(rows) else []  # tables say why
+    out.append(("memory vs ratio", _memory(rows)))
     alloc = run.table("allocations") if run is not None else None
     if alloc is not None and not alloc.empty:
         ratio = _focus_ratio(rows)
         if "entrokv_snapkv" in set(alloc["variant"]):
-            out.append(("budget heatmaps", _heatmaps(alloc, ratio)))
+            heatmaps = _heatmaps(alloc, ratio)
+            if heatmaps is not None:  # no allocation at the focus ratio
+                out.append(("budget heatmaps", heatmaps))
             out.append(("entropy vs budget", _entropy_scatter(alloc, ratio)))
     if not rows[rows["metric"].isin(["em_diff_ci_low", "token_f1_diff_ci_low"])].empty:
         out.append(("bootstrap forest plot", _forest(rows)))
