@@ -95,8 +95,9 @@ def check(given: str, families: Iterable[str], method: str, tokenizer: bool = Tr
     return ckpt
 
 
-def load_causal_lm(given: str, **kwargs):
-    """(model, tokenizer) of a checkpoint through transformers' Auto classes, float32, eval mode."""
+def load_causal_lm(given: str, with_tokenizer: bool = True, **kwargs):
+    """(model, tokenizer) of a checkpoint through transformers' Auto classes, float32, eval mode;
+    the tokenizer is None with `with_tokenizer=False` (a caller that encodes nothing)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -106,7 +107,7 @@ def load_causal_lm(given: str, **kwargs):
     kwargs.setdefault("dtype", torch.float32)
     try:
         model = AutoModelForCausalLM.from_pretrained(*ckpt.args(), **ckpt.kwargs(), **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(*ckpt.args(), **ckpt.kwargs())
+        tokenizer = AutoTokenizer.from_pretrained(*ckpt.args(), **ckpt.kwargs()) if with_tokenizer else None
     except (OSError, ValueError, KeyError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"cannot load --model '{given}' ({reason})",

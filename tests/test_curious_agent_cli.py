@@ -110,7 +110,7 @@ def test_visit_heat_maps_are_explained():
 
 def test_bad_input_fails_in_one_line(icml):
     for assignment, message in (("arms=ppo,nope", "unknown arm(s) ['nope']"),
-                                ("model.path=/nonexistent", "is not a Hugging Face checkpoint directory"),
+                                ("model.path=/nonexistent", "--model '/nonexistent' does not exist"),
                                 ("coverage.arms=glance,nope", "unknown arm(s) ['nope'] in 'coverage.arms'"),
                                 ("env.id=MiniGrid-Nope-v0", "env.id 'MiniGrid-Nope-v0' is not supported"),
                                 ("glance.ema_alpha=1.5", "glance.ema_alpha must be in [0, 1)"),

@@ -133,8 +133,10 @@ def test_spectral_optim_muon_update_of_smollm2_matrices_is_orthogonalised(smollm
 
     model, tokenizer = smollm2
     lm = copy.deepcopy(model).train()
-    for name, p in lm.named_parameters():  # one layer's matrices: keep the test's work small
-        p.requires_grad_(name.startswith("model.layers.0."))
+    checked = ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+               "model.layers.0.mlp.up_proj.weight")
+    for name, p in lm.named_parameters():  # three matrices: Newton–Schulz in bf16 is slow on CPUs
+        p.requires_grad_(name in checked)
     optimizer = SpectralOptimizer(lm, "mSGDZ", lr_matrix=1.0, lr_vector=0.0, weight_decay=0.0)
     ids = chat_ids(tokenizer, "Say something about the sea.")
     lm(input_ids=ids, labels=ids).loss.backward()

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from icml.cli.errors import UsageError
 from icml.methods.spectral_optim.config import ModelConfig, SpectralOptimConfig
 from icml.methods.spectral_optim.data import (ARITHMETIC_FRACTION, UNKNOWN_TOKEN, build_char_tokenizer, encode,
                                               generated_corpus, load_tokenizer, make_batches, prepare_data,
@@ -192,11 +193,11 @@ def test_bad_checkpoint_directories_fail_in_one_line(tmp_path):
     (tmp_path / "weights_only").mkdir()
     tiny_gpt2(32, 2, 2, 32, 50, init_seed=0).save_pretrained(tmp_path / "weights_only")  # no tokenizer
     (tmp_path / "empty").mkdir()
-    for path, problem in [(tmp_path / "missing", "not a directory"), (tmp_path / "empty", "no config.json"),
-                          (tmp_path / "weights_only", "tokenizer")]:
-        with pytest.raises(ValueError, match=problem) as error:
+    for path, problem in [(tmp_path / "missing", "does not exist"), (tmp_path / "empty", "no config.json"),
+                          (tmp_path / "weights_only", "has no tokenizer")]:
+        with pytest.raises(UsageError, match=problem) as error:  # one line naming the fix, as check_inputs gives it
             load_causal_lm(path)
-        assert "\n" not in str(error.value)
+        assert "\n" not in error.value.line() and error.value.fix
 
 
 # --------------------------------------------------------------------------------------------

@@ -270,7 +270,7 @@ def build_arm(spec: ArmSpec, tiny, seed: int, thought_scale: float = 1.0, model_
     if model_path is not None:
         from icml.cli import checkpoints
 
-        lm, _ = checkpoints.load_causal_lm(model_path, attn_implementation="eager")
+        lm, _ = checkpoints.load_causal_lm(model_path, with_tokenizer=False, attn_implementation="eager")
     else:
         lm = LlamaForCausalLM(tiny_llama_config(tiny, tiny.layers * spec.depth, vocab))
         init_weights(lm)
