@@ -52,8 +52,9 @@ def touch_after(path: str, seconds: float) -> str:
 
 
 def test_ctrl_c_cancels_the_other_jobs(tmp_path):
-    files = [tmp_path / f"job{i}" for i in range(3)]  # each job writes its file after 2 s
-    jobs = [("fast", pow, (2, 2))] + [(str(f), touch_after, (str(f), 2.0)) for f in files]
+    # each job writes its file after 6 s: long enough that a loaded machine still cancels the running one first
+    files = [tmp_path / f"job{i}" for i in range(3)]
+    jobs = [("fast", pow, (2, 2))] + [(str(f), touch_after, (str(f), 6.0)) for f in files]
 
     def interrupt(key, result):
         raise KeyboardInterrupt
@@ -65,7 +66,7 @@ def test_ctrl_c_cancels_the_other_jobs(tmp_path):
             run_in_workers(2, jobs, interrupt)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    time.sleep(3.0)  # longer than any job would have needed
+    time.sleep(7.0)  # longer than any job would have needed
     assert not [f for f in files if f.exists()]  # queued ones never ran, the running one was stopped
 
 
