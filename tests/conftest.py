@@ -147,3 +147,30 @@ def family_checkpoint(folder, config) -> str:
                                   unk_token="<pad>"))
     PreTrainedTokenizerFast(tokenizer_object=letters, eos_token="<eos>", pad_token="<pad>").save_pretrained(folder)
     return str(folder)
+
+
+def interrupt_progress(monkeypatch, stop):
+    """Ctrl-C inside a run: every `ctx.progress` bar raises KeyboardInterrupt once `stop(calls, units)` is true
+    (calls: advances so far, units: their sum). Returns the function that puts the real progress back."""
+    from contextlib import contextmanager
+
+    from icml.cli import lifecycle
+
+    original = lifecycle.RunContext.progress
+
+    @contextmanager
+    def stopping(self, description, total):
+        with original(self, description, total) as advance:
+            calls, units = [0], [0]
+
+            def step(n=1):
+                advance(n)
+                calls[0] += 1
+                units[0] += n
+                if stop(calls[0], units[0]):
+                    raise KeyboardInterrupt
+
+            yield step
+
+    monkeypatch.setattr(lifecycle.RunContext, "progress", stopping)
+    return lambda: monkeypatch.setattr(lifecycle.RunContext, "progress", original)

@@ -320,34 +320,16 @@ def test_group_claims_pool_the_grid_seeds_injections():
 def test_a_resumed_grid_records_what_an_uninterrupted_one_does(tmp_path, monkeypatch):
     """Ctrl-C after two finished jobs, then --resume: the finished jobs are not re-run, and the run's train rows
     equal an uninterrupted run's, row for row (wall-clock columns aside)."""
-    from contextlib import contextmanager
-
     import pandas as pd
 
-    from conftest import invoke
-    from icml.cli import lifecycle
+    from conftest import interrupt_progress, invoke
 
     argv = ["fgad", "train", *TINY, "--set", "workers=1", "--runs-dir", tmp_path / "runs", "--json"]
     whole = invoke(*argv)
     assert whole.code == 0, whole.err
-    original = lifecycle.RunContext.progress
-
-    @contextmanager
-    def stopping_after_two_jobs(self, description, total):
-        with original(self, description, total) as advance:
-            finished = [0]
-
-            def step(n=1):
-                advance(n)
-                finished[0] += n
-                if finished[0] == 2:
-                    raise KeyboardInterrupt
-
-            yield step
-
-    monkeypatch.setattr(lifecycle.RunContext, "progress", stopping_after_two_jobs)
+    restore = interrupt_progress(monkeypatch, lambda calls, jobs: jobs == 2)
     assert invoke(*argv).code == 130
-    monkeypatch.setattr(lifecycle.RunContext, "progress", original)
+    restore()
     interrupted = max((tmp_path / "runs" / "fgad").iterdir(), key=lambda p: p.stat().st_mtime)
     assert len(list((interrupted / "checkpoints").rglob("*.pt"))) == 2
     resumed = invoke("fgad", "train", "--resume", interrupted, "--runs-dir", tmp_path / "runs")

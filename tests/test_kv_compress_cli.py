@@ -228,35 +228,17 @@ def test_model_and_data_inputs(icml, tmp_path):
 def test_a_resumed_run_records_what_an_uninterrupted_one_does(tmp_path, monkeypatch):
     """Ctrl-C after step 3, resume from the step-2 checkpoint: every train row equals the uninterrupted run's
     (the step-4 train_loss averages steps 1–4 in both; it used to average only the resumed process's steps)."""
-    from contextlib import contextmanager
-
     import pandas as pd
 
-    from conftest import invoke
-    from icml.cli import lifecycle
+    from conftest import interrupt_progress, invoke
 
     argv = ["kv-compress", "train", *TINY, "--set", "steps=6", "--set", "val_every=2", "--set", "train_log_every=4",
             "--set", "calibrate_on_train=false", "--runs-dir", tmp_path / "runs", "--json"]
     whole = invoke(*argv)
     assert whole.code == 0, whole.err
-    original = lifecycle.RunContext.progress
-
-    @contextmanager
-    def stopping_after_3(self, description, total):
-        with original(self, description, total) as advance:
-            done = [0]
-
-            def step(n=1):
-                advance(n)
-                done[0] += 1
-                if done[0] == 3:
-                    raise KeyboardInterrupt
-
-            yield step
-
-    monkeypatch.setattr(lifecycle.RunContext, "progress", stopping_after_3)
+    restore = interrupt_progress(monkeypatch, lambda calls, steps: calls == 3)
     assert invoke(*argv).code == 130
-    monkeypatch.setattr(lifecycle.RunContext, "progress", original)
+    restore()
     interrupted = sorted((tmp_path / "runs" / "kv-compress").iterdir())[-1]
     resumed = invoke("kv-compress", "train", "--resume", interrupted, "--runs-dir", tmp_path / "runs")
     assert resumed.code == 0, resumed.err
