@@ -140,7 +140,9 @@ def input_overrides(method: Method, inputs: dict[str, Path]) -> list[str]:
 
 
 def resolve_config(method: Method, preset: str | None, seed: int | None, config_file: Path | None,
-                   overrides: list[str]) -> tuple[Any, str, int]:
+                   overrides: list[str], validate: bool = True) -> tuple[Any, str, int]:
+    """preset → --config → --set, then the method's validation (`plan` sizes a config without its inputs, so
+    it skips the validation that asks for them; keys and types are still checked)."""
     tree, defaults = ({}, {})
     if config_file is not None:
         tree, defaults = config_io.load_config_file(config_file)
@@ -155,7 +157,7 @@ def resolve_config(method: Method, preset: str | None, seed: int | None, config_
     if tree:
         config_io.apply_tree(cfg, tree, f"config file '{config_file}'")
     config_io.apply_overrides(cfg, overrides)
-    if method.validate is not None:
+    if validate and method.validate is not None:
         try:
             method.validate(cfg)
         except ValueError as exc:

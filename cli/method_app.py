@@ -8,7 +8,7 @@ from icml.cli import console
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
 from icml.cli.method import PRESETS, Method
-from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, Group, Json, ModelDir, Out, Preset,
+from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, GpuMem, Gpus, Group, Json, ModelDir, Out, Preset,
                               PresetOfRuns, Quiet, Resume, RunDir, RunDirs, RunsDir, Seed, Seeds, SeedsOfGroup,
                               SeedWorkers, Set, parse_seeds)
 from icml.cli.options import Executor, RayAddress  # where a run's independent jobs go: cli/workers.py
@@ -119,6 +119,27 @@ def method_app(method: Method) -> typer.Typer:
 
         cfg, preset, _ = lifecycle.resolve_config(method, preset, None, config, list(set_ or []))
         console.emit_json({"method": method.name, "preset": preset, "config": config_io.to_dict(cfg)})
+
+    @app.command("plan")
+    @guarded
+    def plan(preset: Preset = None, set_: Set = None, config: ConfigFile = None, gpus: Gpus = None,
+             gpu_mem: GpuMem = None, json_: Json = False, quiet: Quiet = False, debug: Debug = False):
+        """Size one step of each phase before running it: peak memory per process and its parts, FLOPs per step,
+        the largest tensor, and whether it fits the GPUs (measured on torch's meta device: no weights, no GPU)."""
+        from icml.cli import lifecycle
+        from icml.cli import plan as planning
+
+        cfg, preset, _ = lifecycle.resolve_config(method, preset, None, config, list(set_ or []), validate=False)
+        hardware = None
+        if gpus is not None or gpu_mem is not None:
+            default = planning.default_hardware(method, preset)
+            hardware = planning.Hardware(gpus if gpus is not None else default.gpus,
+                                         planning.parse_mem(gpu_mem) if gpu_mem is not None else default.gpu_mem)
+        result = planning.plan(method, cfg, hardware, preset)
+        if json_:
+            console.emit_json(result)
+        else:
+            print(planning.render(result))
 
     def train(preset: Preset = None, seed: Seed = None, device: Device = "auto", runs_dir: RunsDir = None,
               set_: Set = None, config: ConfigFile = None, data: DataFile = None, model: ModelDir = None,

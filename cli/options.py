@@ -34,6 +34,11 @@ DataFile = Annotated[Optional[Path], typer.Option(
 ModelDir = Annotated[Optional[Path], typer.Option(
     "--model", help="A local checkpoint (directory or file): the families this method accepts are listed below.",
     show_default=False)]
+Gpus = Annotated[Optional[int], typer.Option(
+    "--gpus", min=1, help="Processes, one per GPU (default: the hardware the method's README names for the preset).",
+    show_default=False)]
+GpuMem = Annotated[Optional[str], typer.Option(
+    "--gpu-mem", help="Memory of one GPU, e.g. 80GB or 24GiB (default: as --gpus).", show_default=False)]
 Json = Annotated[bool, typer.Option("--json", help="Print exactly one JSON object on stdout.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or human output on stderr.")]
 Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")]

@@ -96,6 +96,21 @@ def train(ctx) -> None:
                 train_arm(ctx, name, corpus, curve_windows, ctx.checkpoints / name)
 
 
+def train_step(model: ThoughtLM, replicas, optimizer, batch: torch.Tensor, J: int, lr: float,
+               clip: float) -> torch.Tensor:
+    """One optimizer step on this process's windows [B, T+1] (`replicas`: the model or its DDP wrapper);
+    also the step `icml latent-thought plan` sizes."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    logits = replicas(batch[:, :-1], J)
+    loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())  # the B·T real targets only
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return loss.detach()
+
+
 def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) -> None:
     cfg = ctx.config
     spec = spec_of(name, cfg)
@@ -114,14 +129,7 @@ def train_arm(ctx, name: str, corpus, curve_windows: torch.Tensor, directory) ->
             batch = distributed.shard(torch.from_numpy(windows)).to(ctx.device)  # and trains on its equal slice
             J = j_rng.choice(cfg.train_J)
             started = time.perf_counter()
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg)
-            logits = replicas(batch[:, :-1], J)
-            loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())  # the B·T real targets only
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            optimizer.step()
+            loss = train_step(model, replicas, optimizer, batch, J, lr_at(step, cfg), cfg.clip)
             seconds += time.perf_counter() - started
             loss_value = distributed.mean(loss.item())  # the global batch's: every rank stops alike
             if not math.isfinite(loss_value):
