@@ -43,6 +43,41 @@ def test_declarations_and_help_import_no_torch():
     assert result.returncode == 0, result.stderr
 
 
+def test_listing_methods_imports_no_config_module():
+    """`icml --help` and `icml list` read every declaration, and a declaration names its config module
+    without importing it: importing `icml.methods.<m>` brings in no other icml module than cli/method.py,
+    and listing all methods imports no `icml.methods.*.config` (their dataclasses cost ≈ 0.2 s together)."""
+    code = ("import sys\n"
+            "import icml.methods\n"
+            "from icml.cli import registry\n"
+            "for name, package in registry.METHODS.items():\n"
+            "    before = set(sys.modules)\n"
+            "    __import__(package)\n"
+            "    new = {m for m in set(sys.modules) - before if m.startswith('icml.')} - {package}\n"
+            "    assert not new, (name, sorted(new))\n"
+            "from icml.cli.main import main\n"
+            "for argv in (['--help'], ['list'], ['list', '--json']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "configs = sorted(m for m in sys.modules if m.startswith('icml.methods.') and m.endswith('.config'))\n"
+            "assert not configs, configs\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_declarations_resolve_their_config_module():
+    """What a declaration names in its config module is what callers get: the root config class, the
+    config module's preset / validate / check_inputs, and the variants as a tuple of names."""
+    for name in registry.METHODS:
+        method = registry.get(name)
+        module = importlib.import_module(method.config_module)
+        assert method.config_module == f"{method.package}.config"
+        assert isinstance(method.config, type) and method.config.__module__ == module.__name__, name
+        assert method.preset is module.preset and isinstance(method.preset("smoke"), method.config), name
+        assert method.validate is getattr(module, "validate", None), name
+        assert method.check_inputs is getattr(module, "check_inputs", None), name
+        assert method.variants and all(isinstance(v, str) for v in method.variants), (name, method.variants)
+
+
 def test_help_version_and_list():
     result = run_cli(["--help"])
     assert result.returncode == 0

@@ -2,7 +2,6 @@
 (arXiv 2601.08828): motion-masked flow-matching gradients at one shared (t*, ε*), a Fastfood
 projection, cosine influence, majority-vote selection and equal-budget fine-tuning."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.attribute_motion.config import SELECTORS, AttributeMotionConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="attribute-motion",
@@ -12,10 +11,7 @@ METHOD = Method(
     status="complete",
     result="partly",
     summary="Motive: motion-masked gradient attribution (Fastfood JL) selects clips that teach a video model a motion.",
-    config=AttributeMotionConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="AttributeMotionConfig",
     tags={"target_motion": "string", "budget_frac": "float64", "k": "int64", "proj": "string", "dim": "int64",
           "length_norm": "string", "agg": "string", "attr_seed": "int64", "mask": "string"},
     metrics={"p_at_k": HIGHER, "ap": HIGHER, "appearance_outrank_rate": LOWER, "pan_outrank_rate": LOWER,
@@ -25,7 +21,7 @@ METHOD = Method(
              "motion_smoothness": HIGHER, "subject_consistency": HIGHER, "target_motion_acc": HIGHER,
              "win_rate_vs_base": HIGHER, "fm_loss_heldout": LOWER, "featurize_s_per_clip": LOWER,
              "finetune_s": LOWER, "loss": LOWER, "evaluator_acc": HIGHER},
-    variants=tuple(SELECTORS) + ("base",),
+    variants=lambda config: (*config.SELECTORS, "base"),
     extra_verbs=True,
     preset_times={"smoke": "≈ 59 s train+eval+report", "default": "≈ 2.4 min train + ≈ 7 min eval"},
 )

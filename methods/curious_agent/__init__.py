@@ -1,6 +1,5 @@
 """`icml curious-agent`: GLANCE visual-linguistic curiosity for a tiny VLM agent (arXiv 2605.03782)."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.curious_agent.config import ARMS, CuriousAgentConfig, preset, validate
 
 METHOD = Method(
     name="curious-agent",
@@ -10,9 +9,7 @@ METHOD = Method(
     status="complete",  # diagnosed negative at this scale (README)
     result="not at this scale",
     summary="GLANCE: curiosity from a tiny VLM agent's linguistic next-state prediction, in MiniGrid.",
-    config=CuriousAgentConfig,
-    preset=preset,
-    validate=validate,
+    config="CuriousAgentConfig",
     tags={"experiment": "string", "env_id": "string", "reward_mode": "string", "beta": "float64", "reset_every": "float64",
           "ema_alpha": "float64"},
     metrics={"success_rate": HIGHER, "mean_return": HIGHER, "steps_to_first_success": LOWER,
@@ -21,6 +18,6 @@ METHOD = Method(
              "ri_novel_over_revisit": HIGHER, "probe_ri_decay": LOWER, "probe_fresh_ri_decay": HIGHER,
              "obs_slot_acc": HIGHER, "pred_slot_acc": HIGHER, "pred_slot_acc_late": HIGHER,
              "policy_entropy": None, "value_loss": None, "sps": None, "episode_return": HIGHER},
-    variants=tuple(ARMS),
+    variants="ARMS",
     preset_times={"default": "≈ 8.7 min train+eval", "paper": "GPU-sized; not timed"},
 )

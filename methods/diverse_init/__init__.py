@@ -2,7 +2,6 @@
 noise towards the guidance-potential posterior N(z; 0, I)·exp(−τ‖x̂₀(z,c) − x̂₀(z,∅)‖²) before an
 untouched CFG sampler; composable with CADS, interval guidance and particle guidance."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.diverse_init.config import VARIANTS, DiverseInitConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="diverse-init",
@@ -12,10 +11,7 @@ METHOD = Method(
     status="complete",  # both tiers over 3 pipeline seeds (README): digits gain shown, GMM not shown
     result="partly",
     summary="DivIn: Langevin-sample the initial noise from the guidance-potential posterior for diverse CFG samples.",
-    config=DiverseInitConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="DiverseInitConfig",
     tags={"tier": "string", "param": "string", "cfg_scale": "float64", "tau": "float64", "tau_frac": "float64", "eta": "float64",
           "k_steps": "int64", "traj": "string", "feature_space": "string", "n_per_class": "int64"},
     metrics={"vendi": HIGHER, "precision": HIGHER, "recall": HIGHER, "density": HIGHER, "coverage": HIGHER,
@@ -24,7 +20,7 @@ METHOD = Method(
              "z_norm_ratio": None, "force_ratio": None, "pull_noise_ratio": None,
              "grad_cos_exact": None, "nfe": None, "wall_s": LOWER, "loss": LOWER,
              "clf_acc": HIGHER, "tau_star": None},
-    variants=VARIANTS,
+    variants="VARIANTS",
     extra_verbs=True,
     preset_times={"default": "≈ 9 min train+eval"},
 )

@@ -37,9 +37,10 @@ def _claim(tier: str, param: str, metric: str, variant: str = "divin", frac: flo
 
 
 # The spec's "DivIn at equal w: higher vendi, lower inbatch_sim", one cell per tier × param at τ = τ*; then the
-# τ sweep's far end on the GMM (8τ*) and the oracle control (DivIn on the exact mixture's potential, GMM eps).
+# τ sweep's far end (8τ*) on both tiers and the oracle control (DivIn on the exact mixture's potential, GMM eps).
 CLAIMS = [_claim(t, p, m) for t in ("gmm", "digits") for p in ("eps", "flow") for m in ("vendi", "inbatch_sim")] + \
     [_claim("gmm", p, m, frac=8.0) for p in ("eps", "flow") for m in ("vendi", "minority_mass")] + \
+    [_claim("digits", p, m, frac=8.0) for p in ("eps", "flow") for m in ("vendi", "inbatch_sim")] + \
     [_claim("gmm", "eps", m, ORACLE, f) for f in (1.0, 8.0) for m in ("vendi", "inbatch_sim", "minority_mass")]
 
 

@@ -2,7 +2,6 @@
 trained with interval-conditioned MeanFlow for one-step outpainting, and the ΔSim kinematic NPC policy
 in closed-loop rollouts (arXiv 2603.17652)."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.drive_world.config import DriveWorldConfig, preset, validate
 
 METHOD = Method(
     name="drive-world",
@@ -12,9 +11,7 @@ METHOD = Method(
     status="complete",  # ΔSim's 1 km stalls are a diagnosed negative (README: which agent stops the ego)
     result="partly",
     summary="Vector-graph tiles, gated VAE, edge-gated MeanFlow DiT (one-step outpainting), ΔSim NPCs, rollouts.",
-    config=DriveWorldConfig,
-    preset=preset,
-    validate=validate,
+    config="DriveWorldConfig",
     tags={"nfe": "int64", "solver": "string", "cfg_scale": "float64", "rel_gate": "string",
           "policy": "string", "start_mode": "string", "model": "string"},
     metrics={"endpoint_gap_m": LOWER, "route_length_m": None, "fd_connectivity": LOWER, "fd_density": LOWER,

@@ -2,7 +2,6 @@
 feature space, aggregated with learnable Fourier filters (arXiv 2412.20803). The event loaders and the
 saccade simulator live in `icml.data.events`."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.event_classify.config import VARIANTS, EventClassifyConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="event-classify",
@@ -12,10 +11,7 @@ METHOD = Method(
     status="complete",
     result="reproduced",
     summary="SECNet: event-cloud classification with D-FPS, EF-KNN and Fourier-domain aggregation.",
-    config=EventClassifyConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="EventClassifyConfig",
     tags={"dataset": "string", "n_points": "int64", "s1": "int64", "k": "int64", "d0": "int64",
           "windows": "int64", "sweep": "string", "stage": "int64", "axis": "string", "part": "string",
           "true_class": "string", "pred_class": "string", "budget": "string"},
@@ -25,6 +21,6 @@ METHOD = Method(
              "latency_ms_b1": LOWER, "latency_ms_part": LOWER, "throughput_sps": HIGHER,
              "events_per_sample": None, "loss": LOWER, "train_acc": HIGHER, "val_window_acc": HIGHER,
              "learned_w": None, "confusion": None},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     preset_times={"smoke": "≈ 37 s train+eval+report", "default": "≈ 9.8 min train+eval"},
 )

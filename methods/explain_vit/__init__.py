@@ -3,7 +3,6 @@ map (ICML 2026, arXiv 2602.06613): the effective-transformation pass (attention,
 Reynolds averaging over local warps, a noise schedule, MAD aggregation and post-processing, against the
 standard attribution baselines with localisation, faithfulness, stability and lattice-artefact metrics."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.explain_vit.config import ARMS, ExplainVitConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="explain-vit",
@@ -13,10 +12,7 @@ METHOD = Method(
     status="complete",  # montage metrics unmeasured at default: the toy ViT is confident on one class (README)
     result="partly",
     summary="DAVE attribution for ViTs: effective-gradient decomposition, equivariance averaging, low-pass stabilisation.",
-    config=ExplainVitConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="ExplainVitConfig",
     tags={"model": "string", "n_samples": "int64", "alpha_max": "float64", "input": "string",
           "direction": "string", "fill": "string", "shift_px": "int64", "class_name": "string"},
     metrics={"grid_pg": HIGHER, "energy_pg": HIGHER, "pointing_game": HIGHER, "pixel_auroc": HIGHER,
@@ -25,7 +21,7 @@ METHOD = Method(
              "lattice_grad_ratio": LOWER, "class_sensitivity": LOWER, "completeness_gap": LOWER,
              "opvar_ratio": None, "wall_s_per_image": LOWER, "n_backward": LOWER, "loss": LOWER,
              "accuracy": HIGHER, "n_confident": HIGHER, "n_montages": HIGHER},
-    variants=tuple(ARMS),
+    variants="ARMS",
     extra_verbs=True,
     preset_times={"smoke": "≈ 77 s train+eval+report, load ≈ 3", "default": "≈ 7 min train+eval (one core)"},
 )

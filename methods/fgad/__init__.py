@@ -5,7 +5,6 @@ repair its topology with the global embeddings and train a private three-view de
 fused pseudo-inverse Mahalanobis distances. Graph loaders and the SBM injector live in icml.data.graphs.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.fgad.config import VARIANTS, FgadConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="fgad",
@@ -15,16 +14,13 @@ METHOD = Method(
     status="complete",
     result="partly",
     summary="Federated graph anomaly detection: FedAvg GCN + private three-view Mahalanobis detectors.",
-    config=FgadConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="FgadConfig",
     tags={"K": "int64", "group": "string", "agg": "string", "partition": "string", "dataset": "string",
           "inject_id": "string", "stage": "string"},
     metrics={"auroc": HIGHER, "ap": HIGHER, "recall_at_k": HIGHER, "val_auroc": HIGHER,
              "comm_bytes_per_round": LOWER, "comm_bytes_total": LOWER, "params_shared": None,
              "params_private": None, "wall_s": LOWER, "cut_edge_frac": None, "u_density": None, "loss": LOWER,
              "moved_nodes": None},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     preset_times={"smoke": "≈ 20 s train", "default": "≈ 7 min train+eval", "paper": "GPU-sized; not timed"},
 )

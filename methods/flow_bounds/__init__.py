@@ -6,7 +6,6 @@ factors, uniform vs non-uniform steps); learned mode fits a bridge-matching MLP 
 exact drift is known and measures ε̂² and exact-OT W₂ against the noise floor.
 """
 from icml.cli.method import LOWER, Method
-from icml.methods.flow_bounds.config import FlowBoundsConfig, preset, validate
 
 METHOD = Method(
     name="flow-bounds",
@@ -16,9 +15,7 @@ METHOD = Method(
     status="complete",
     result="partly",
     summary="Bridge-matching discretization bounds checked against exact Gaussian and learned drifts.",
-    config=FlowBoundsConfig,
-    preset=preset,
-    validate=validate,
+    config="FlowBoundsConfig",
     tags={"mode": "string", "coupling": "string", "d": "int64", "n_steps": "int64", "h": "float64",
           "eps": "float64", "delta": "float64", "schedule": "string", "v1": "float64", "sigma": "float64",
           "t_end": "float64"},

@@ -6,7 +6,6 @@ the other modules. Compared with data filtering (one model per profile), MaxEnt 
 relearning attack, in compute ratios fit to the dense baseline's curves.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.gradient_route.config import VARIANTS, GradientRouteConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="gradient-route",
@@ -16,17 +15,14 @@ METHOD = Method(
     status="complete",
     result="reproduced",
     summary="GRAM: route each domain's gradients into a removable MLP module; serve profiles by deleting modules.",
-    config=GradientRouteConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="GradientRouteConfig",
     tags={"profile": "string", "dataset": "string", "role": "string", "weight": "float64"},
     metrics={"val_loss": None, "cr": None, "core_cr": HIGHER, "retain_cr": HIGHER, "forget_cr": LOWER,
              "elicited_cr": LOWER, "elicited_loss": HIGHER, "elicit_gain_cr": LOWER, "titration_cr": None,
              "train_flops_ratio": LOWER, "serve_params_ratio": LOWER, "routing_freq": None, "compute_lambda": None,
              "fit_alpha": None, "fit_a": None, "fit_s0": None, "fit_rmse": LOWER, "train_loss": LOWER,
              "wall_s": LOWER, "maxent_lambda": None, "maxent_select_cr": None, "maxent_select_score": LOWER},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     extra_verbs=True,
     preset_times={"default": "≈ 9.6 min train+eval", "paper": "GPU-sized; not timed"},
 )

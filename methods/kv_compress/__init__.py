@@ -2,7 +2,6 @@
 OpenReview xhAMjsnWUe), with SnapKV / H2O / StreamingLLM eviction into a ragged compressed cache
 and the PyramidKV / Ada-KV allocation baselines."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.kv_compress.config import VARIANTS, KvCompressConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="kv-compress",
@@ -12,10 +11,7 @@ METHOD = Method(
     status="complete",
     result="not at this scale",
     summary="Per-head KV-cache budgets from normalised attention entropy; SnapKV/H2O/StreamingLLM eviction.",
-    config=KvCompressConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="KvCompressConfig",
     tags={"task": "string", "ratio": "float64", "window": "int64", "alpha": "float64", "scope": "string",
           "operator": "string", "question_aware": "int64"},
     metrics={"exact_match": HIGHER, "retention": HIGHER, "answer_nll": LOWER, "kl_to_full": LOWER,
@@ -25,7 +21,7 @@ METHOD = Method(
              "alloc_corr_retrieval_aggregation": None, "alloc_corr_retrieval_needle": None,
              "alloc_corr_needle_aggregation": None, "train_loss": LOWER, "val_loss": LOWER,
              "val_exact_match": HIGHER},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     extra_verbs=True,
     preset_times={"smoke": "≈ 29 s train+eval+report", "default": "≈ 11.5 min train+eval",
                   "paper": "GPU-sized; not timed"},

@@ -6,7 +6,6 @@ procedural metaphor-video benchmark with held-out element→idea mappings, a syn
 MLLM trained from scratch; local HF image-text models, encoders and judges plug in by path.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.metaphor_bench.config import VARIANTS, MetaphorBenchConfig, check_inputs, preset, validate
 
 TYPE_METRICS = ["score_bl", "score_al", "score_cs", "score_ns", "score_cm", "score_am", "score_pn", "score_sn"]
 
@@ -18,10 +17,7 @@ METHOD = Method(
     status="complete",  # diagnosed negative at this scale (README)
     result="not at this scale",
     summary="Metaphorical-video benchmark harness + MetaphorBoost KG retrieval, procedural benchmark with held-out mappings.",
-    config=MetaphorBenchConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="MetaphorBenchConfig",
     tags={"judge": "string", "model": "string", "kg": "string", "hops": "int64", "top_k": "int64",
           "query_mode": "string", "reference_mode": "string"},
     metrics={"overall": HIGHER, "overall_all": HIGHER, "strict_pct": HIGHER, **{m: HIGHER for m in TYPE_METRICS},
@@ -29,7 +25,7 @@ METHOD = Method(
              "retrieval_node_acc": HIGHER, "reference_hit_rate": HIGHER, "ref_chars_mean": None,
              "ref_truncated_frac": None, "error_perception_frac": None, "error_mapping_frac": None,
              "mapping_acc_given_elements": HIGHER, "train_loss": LOWER, "val_loss": LOWER},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     extra_verbs=True,
     preset_times={"default": "≈ 6.6 min train+eval", "paper": "GPU-sized; not timed"},
 )

@@ -2,7 +2,6 @@
 update sparsity on bf16 snapshots, effective rank of the updates and optimizer memory
 (arXiv 2602.07729)."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.rl_sgd.config import ARMS, RlSgdConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="rl-sgd",
@@ -12,10 +11,7 @@ METHOD = Method(
     status="complete",
     result="partly",
     summary="GRPO with SGD vs AdamW (and momentum/adaptivity ablations): accuracy, bf16 update density, rank, memory.",
-    config=RlSgdConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="RlSgdConfig",
     tags={"optimizer": "string", "lr": "float64", "regime": "string", "master_dtype": "string",
           "group_size": "int64", "selected": "string"},
     metrics={"reward_mean": HIGHER, "frac_groups_skipped": None, "grad_norm": None, "loss": None,
@@ -23,6 +19,6 @@ METHOD = Method(
              "update_density_bf16": None, "update_density_bf16_matrices": None, "update_density_tol": None,
              "update_density_fp32": None, "effective_rank_99": None, "effective_rank_99_bf16": None, "optimizer_state_bytes": LOWER,
              "wall_time_s": LOWER, "gap_adamw_minus_sgd": None, "diverged": LOWER},
-    variants=tuple(ARMS),
+    variants="ARMS",
     preset_times={"default": "≈ 8.3 min train+eval", "paper": "GPU-sized; not timed"},
 )

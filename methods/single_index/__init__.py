@@ -7,7 +7,6 @@ finite-sample RKHS alternating estimator (Mehler-kernel ridge φ-step, spherical
 planted-φ, SAVE, SIR and fixed-w baselines.
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.single_index.config import VARIANTS, SingleIndexConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="single-index",
@@ -17,15 +16,12 @@ METHOD = Method(
     status="complete",
     result="reproduced",
     summary="Hermite-coordinate ODE (joint vs planted, escape ~ d^(s−1), the trap) and the RKHS alternating estimator.",
-    config=SingleIndexConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="SingleIndexConfig",
     tags={"solver": "string", "experiment": "string", "target": "string", "info_exp": "int64", "d": "int64",
           "m0": "float64", "sign": "int64", "n": "int64", "K": "int64", "rho": "float64", "eta": "float64"},
     metrics={"overlap": None, "overlap_abs": HIGHER, "risk": LOWER, "escape_time": LOWER, "escape_slope": None,
              "final_overlap": None, "final_risk": LOWER, "train_mse": LOWER, "test_mse": LOWER,
              "coef_error": LOWER},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     preset_times={"paper": "≈ 25 CPU-min (estimate; not run)"},
 )

@@ -1,7 +1,6 @@
 """`icml soup`: Self-Soupervision — SSL ingredients (MAE, MoCo v3, MMCR, LeJEPA) cooked on shifted
 unlabelled images from one stock, souped, and fine-tuned back (arXiv 2602.02890)."""
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.soup.config import SoupConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="soup",
@@ -11,10 +10,7 @@ METHOD = Method(
     status="complete",
     result="not at this scale",
     summary="Self-supervised ingredients cooked on shifted images, souped and fine-tuned back; corruption benchmark.",
-    config=SoupConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="SoupConfig",
     tags={"benchmark": "string", "shift": "string", "corruption": "string", "severity": "string",
           "algo": "string", "ingredient": "string", "order": "string", "ssl_pool": "string", "stage": "string",
           "pair": "string"},

@@ -5,7 +5,6 @@
     from icml.methods.spectral_optim.psi import psi
 """
 from icml.cli.method import HIGHER, LOWER, Method
-from icml.methods.spectral_optim.config import VARIANTS, SpectralOptimConfig, check_inputs, preset, validate
 
 METHOD = Method(
     name="spectral-optim",
@@ -15,10 +14,7 @@ METHOD = Method(
     status="complete",
     result="reproduced",
     summary="Spectral transforms Ψ_p (Muon at p=0) on momentum-SGD and Adam updates, SVD-free.",
-    config=SpectralOptimConfig,
-    preset=preset,
-    validate=validate,
-    check_inputs=check_inputs,
+    config="SpectralOptimConfig",
     tags={"family": "string", "p": "float64", "lr": "float64", "lr_multiplier": "float64",
           "lr_vector": "float64", "kappa": "float64", "rows": "int64", "cols": "int64", "dtype": "string",
           "psi_method": "string", "damping": "string"},  # `method` is the core column naming the method
@@ -26,7 +22,7 @@ METHOD = Method(
              "diverged": LOWER, "family_best_spread": None, "psi_rel_error": LOWER,
              "psi_cond_exponent": None, "psi_sv_min": None, "psi_sv_max": None, "psi_ms": LOWER,
              "svd_ms": LOWER, "psi_speedup": HIGHER, "step_ms": LOWER, "optimizer_state_bytes": LOWER},
-    variants=tuple(VARIANTS),
+    variants="VARIANTS",
     preset_times={"smoke": "≈ 37 s train+eval+report", "default": "≈ 12 min train+eval",
                   "paper": "GPU-sized; not timed"},
 )
