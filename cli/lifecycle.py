@@ -19,7 +19,7 @@ from . import config as config_io
 from . import console
 from .errors import IcmlError, UsageError
 from .method import PRESETS, Method
-from .results import append_metrics, metrics_schema, read_metrics, write_frame
+from .results import append_metrics, drop_metrics, metrics_schema, read_metrics, write_frame
 from .runstore import Run, RunStore
 
 INTERRUPTED_EXIT = 130
@@ -72,6 +72,11 @@ class RunContext:
             self._buffer += rows
         else:
             append_metrics(self.run.metrics_path, rows, self.schema)
+
+    def forget(self, **match) -> None:
+        """Drop this phase's recorded rows that match every item (e.g. variant="x"): a job that --resume
+        starts over, having no checkpoint of its own, records its rows again rather than twice."""
+        drop_metrics(self.run.metrics_path, self.schema, {"phase": self.phase, **match})
 
     def flush(self) -> None:
         if self.phase == "eval" and self._buffer:

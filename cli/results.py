@@ -115,6 +115,18 @@ def append_metrics(path: Path, rows: Iterable[dict] | pd.DataFrame, schema: pa.S
     return new_table.num_rows
 
 
+def drop_metrics(path: Path, schema: pa.Schema, match: dict) -> None:
+    """Drop the rows of metrics.parquet that match every item of `match`, atomically."""
+    if not path.exists():
+        return
+    old = read_metrics(path, schema)
+    hit = pd.Series(True, index=old.index)
+    for column, value in match.items():
+        hit &= old[column] == value
+    if hit.any():
+        atomic_write_table(to_table(old.loc[~hit, schema.names], schema), path)
+
+
 def write_frame(path: Path, frame: pd.DataFrame) -> None:
     """A method's extra table (e.g. scores.parquet): any columns, written atomically."""
     atomic_write_table(pa.Table.from_pandas(frame, preserve_index=False), path)

@@ -92,6 +92,8 @@ def train(ctx) -> None:
             if name in finished:  # --resume: this arm finished before the interruption
                 ctx.log(f"{name}: checkpoint exists, skipped")
                 continue
+            if ctx.resumed:  # an arm stopped mid-training starts over: its rows so far go with it
+                ctx.forget(variant=name)
             with distributed.ranks_stop_together():  # torchrun: a rank that fails stops all with its line
                 train_arm(ctx, name, corpus, curve_windows, ctx.checkpoints / name)
 
