@@ -14,7 +14,8 @@ torch 2.13); this one needs a few. tests/test_plan.py pins the two to each other
 
 The meta device is also our GPU-readiness check without a GPU: it refuses to mix with a non-scalar CPU tensor
 exactly where CUDA does, so a step that makes a tensor on the CPU by mistake fails here as it would on a GPU.
-A method with no GPU part declares `NO_GPU = "why"` in its plan module instead of steps.
+A method with no GPU part declares `NO_GPU = "why"` in its plan module instead of steps; one whose GPU part
+depends on the config (a paper path beside CPU tiers) defines `no_gpu(cfg)`, "" where the config has one.
 """
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ def parse_mem(text: str) -> float:
     return value
 
 
+class OverBudget(Exception):
+    """A step's live bytes passed the tracker's limit."""
+
+
 class Tracker:
     """Live bytes of every tensor storage created inside it, by what the storage holds, and their peak.
 
@@ -74,8 +79,9 @@ class Tracker:
     `buffers()` or marked with `buffer`), and activations (everything else: saved activations and
     temporaries)."""
 
-    def __init__(self, device: str = "meta"):
+    def __init__(self, device: str = "meta", limit: float | None = None):
         self.device = device
+        self.limit = limit  # bytes: past them the step stops with OverBudget (a quick "does not fit")
         self._serials: dict[int, int] = {}  # id(storage) → serial while the storage lives
         self._live: dict[int, int] = {}  # serial → bytes
         self._next = 0
@@ -158,6 +164,8 @@ class Tracker:
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
             self._peak_live = dict(self._live)
+            if self.limit is not None and self.peak_bytes > self.limit:
+                raise OverBudget(self.peak_bytes)
         if nbytes > self.largest["bytes"]:
             self.largest = {"bytes": nbytes, "shape": list(tensor.shape), "dtype": str(tensor.dtype).replace("torch.", ""),
                             "op": op}
@@ -226,32 +234,70 @@ class Tracker:
         return parts
 
 
+@contextlib.contextmanager
+def cuda_attention(active: bool = True):
+    """Attention as a GPU runs it, for a step on the meta device. On CUDA, `scaled_dot_product_attention`
+    without a mask runs a fused kernel (memory-efficient in float32, flash in half precision) that never holds
+    the [heads, tokens, tokens] scores; on meta torch always takes the math path, which does. Inside, the
+    memory-efficient kernel's own op stands in (it has a meta implementation and a backward). Calls with a
+    mask, dropout or grouped heads keep torch's choice."""
+    if not active:
+        yield
+        return
+    import torch
+    import torch.nn.functional as F
+
+    fallback = F.scaled_dot_product_attention
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if attn_mask is not None or dropout_p or enable_gqa:
+            return fallback(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, query.requires_grad or key.requires_grad, 0.0, is_causal, scale=scale)[0]
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = fallback
+
+
 def torch_device_type(device) -> str:
     return str(device).split(":")[0]
 
 
-def measure(step: Step, device: str = "meta") -> dict[str, Any]:
+def measure(step: Step, device: str = "meta", limit: float | None = None) -> dict[str, Any]:
     """Run one step under the tracker and torch's FLOP counter: its peak bytes and their parts, FLOPs, the
-    largest tensor it created."""
+    largest tensor it created. With `limit`, a step stops as soon as it holds more (`stopped_over`: the bytes
+    it held then; its peak, parts and FLOPs are what it reached so far)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    tracker = Tracker(device)
+    tracker = Tracker(device, limit)
     flops = FlopCounterMode(display=False)
-    with tracker, flops:
-        step.run(tracker)
-    return {"phase": step.phase, "what": step.what, "peak_bytes": tracker.peak_bytes, "parts": tracker.parts_at_peak(),
-            "flops": int(flops.get_total_flops()) // step.repeats, "largest_tensor": tracker.largest}
+    stopped = None
+    try:
+        with tracker, flops:
+            step.run(tracker)
+    except OverBudget as over:
+        stopped = over.args[0]
+    row = {"phase": step.phase, "what": step.what, "peak_bytes": tracker.peak_bytes, "parts": tracker.parts_at_peak(),
+           "flops": int(flops.get_total_flops()) // step.repeats, "largest_tensor": tracker.largest}
+    if stopped is not None:
+        row["stopped_over"] = stopped
+    return row
 
 
-def plan(method, cfg, hardware: Hardware | None, preset: str) -> dict[str, Any]:
+def plan(method, cfg, hardware: Hardware | None, preset: str, stop_over_budget: bool = False) -> dict[str, Any]:
     """The method's plan for `cfg` as one JSON-able object: per step and overall, against `hardware` (default:
-    what the plan module names for the preset)."""
+    what the plan module names for the preset). `stop_over_budget`: a step stops as soon as it does not fit
+    (a quick answer to "does it fit?"; its numbers are then lower bounds)."""
     module = method.part("plan")
-    if getattr(module, "NO_GPU", ""):
-        return {"method": method.name, "preset": preset, "no_gpu": module.NO_GPU, "fits": True}
+    reason = no_gpu(module, cfg)
+    if reason:
+        return {"method": method.name, "preset": preset, "no_gpu": reason, "fits": True}
     hardware = hardware or module.hardware(preset)
-    steps = [measure(step) for step in module.steps(cfg, hardware.gpus)]
     budget = FIT_FRACTION * hardware.gpu_mem
+    steps = [measure(step, limit=budget if stop_over_budget else None) for step in module.steps(cfg, hardware.gpus)]
     for row in steps:
         row["fits"] = row["peak_bytes"] <= budget
     worst = max(steps, key=lambda row: row["peak_bytes"])
@@ -263,10 +309,14 @@ def plan(method, cfg, hardware: Hardware | None, preset: str) -> dict[str, Any]:
            "steps": steps, "layout": module.LAYOUT}
     if not out["fits"]:
         sharded = worst["peak_bytes"] - state + state / hardware.gpus
-        out["sharding"] = (f"every process holds the whole model state ({_gb(state)}: parameters, gradients, "
-                           f"optimizer); sharded over {hardware.gpus} processes (FSDP / ZeRO-3) the worst step "
-                           f"would need {_gb(sharded)}" + (" — fits" if sharded <= budget else " — still too much: "
-                                                           "a smaller per-process batch or fewer tokens"))
+        if hardware.gpus == 1:
+            out["sharding"] = (f"the model state is {_gb(state)} of the worst step's {_gb(worst['peak_bytes'])}: "
+                               "fewer tokens or rows per step, or more GPUs with the state sharded (--gpus N)")
+        else:
+            out["sharding"] = (f"every process holds the whole model state ({_gb(state)}: parameters, gradients, "
+                               f"optimizer); sharded over {hardware.gpus} processes (FSDP / ZeRO-3) the worst step "
+                               f"would need {_gb(sharded)}" + (" — fits" if sharded <= budget else
+                                                               " — still too much: fewer tokens or rows per step"))
     return out
 
 
@@ -290,6 +340,10 @@ def render(result: dict[str, Any]) -> str:
     for row in result["steps"]:
         parts = ", ".join(f"{name.replace('_', ' ')} {_gb(v)}" for name, v in row["parts"].items() if v)
         big = row["largest_tensor"]
+        if "stopped_over" in row:
+            lines += [f"  {row['phase']}: {row['what']}",
+                      f"    stopped when it held {_gb(row['stopped_over'])}: DOES NOT FIT"]
+            continue
         lines += [f"  {row['phase']}: {row['what']}",
                   f"    peak {_gb(row['peak_bytes'])} per process ({parts}); {_flops(row['flops'])} per step; "
                   f"largest tensor {big.get('shape')} {big.get('dtype', '')} {_gb(big['bytes'])}; "
@@ -300,6 +354,14 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def no_gpu(module, cfg) -> str:
+    """Why this config has no GPU part ("" when it has one): the module's NO_GPU, or its no_gpu(cfg) where only
+    some presets use a GPU."""
+    if getattr(module, "NO_GPU", ""):
+        return module.NO_GPU
+    return module.no_gpu(cfg) if hasattr(module, "no_gpu") else ""
+
+
 def default_hardware(method, preset: str) -> Hardware:
     module = method.part("plan")
-    return Hardware(1, 80e9) if getattr(module, "NO_GPU", "") else module.hardware(preset)
+    return module.hardware(preset) if hasattr(module, "hardware") else Hardware(1, 80e9)

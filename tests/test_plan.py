@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,36 +114,39 @@ def test_gpu_mem_parsing():
 @pytest.mark.parametrize("name", PLANNED)
 def test_paper_plan_against_its_hardware(name):
     """The paper preset's plan on the hardware the README names fits, or the plan module says why not (and the
-    README quotes it); `OVERSIZE` (the module's --set that outgrows any GPU) never fits."""
+    README quotes it); `OVERSIZE` (the module's --set that outgrows any GPU) never fits (planned until it stops
+    fitting: the early stop answers the question without running the rest of the steps)."""
     method, cfg = _cfg(name, "paper", PAPER_TEST_SET.get(name, []))
     module = method.part("plan")
     result = planning.plan(method, cfg, None, "paper")
     json.dumps(result)
-    if getattr(module, "NO_GPU", ""):
-        assert result["fits"] and "\n" not in module.NO_GPU
+    readme = Path(module.__file__).with_name("README.md").read_text()
+    assert f"icml {name} plan" in readme, "the README's paper-preset section quotes its plan"
+    if planning.no_gpu(module, cfg):
+        assert result["fits"] and "\n" not in result["no_gpu"]
         return
     assert result["fits"] is not bool(getattr(module, "DOES_NOT_FIT", "")), planning.render(result)
-    readme = open(registry.get(name).part("plan").__file__.replace("plan.py", "README.md")).read()
-    assert "icml " + name + " plan" in readme, "the README's paper-preset section quotes its plan"
     for step in result["steps"]:
         assert step["flops"] > 0 and step["peak_bytes"] == sum(step["parts"].values())
     _, big = _cfg(name, "paper", PAPER_TEST_SET.get(name, []) + list(module.OVERSIZE))
-    assert not planning.plan(method, big, planning.Hardware(1, 80e9), "paper")["fits"]
+    assert not planning.plan(method, big, planning.Hardware(1, 80e9), "paper", stop_over_budget=True)["fits"]
 
 
 @pytest.mark.parametrize("name", PLANNED)
 def test_smoke_plan_agrees_with_the_cpu(name):
     """Every step of the smoke preset, on the meta device (the plan) and for real on the CPU: the same method
-    buffers and parameters to the byte, the same FLOPs, and the same peak up to the optimizer's 0-dim step
-    counters (4 bytes per parameter tensor: on a GPU they stay on the host, so the plan leaves them out while
-    the CPU run holds them) — the plan's shapes are the run's."""
+    buffers, parameters and gradients to the byte, the same FLOPs, and the same peak up to what is not the
+    method's: the optimizer's 0-dim step counters (4 bytes per parameter tensor: on a GPU they stay on the
+    host, so the plan leaves them out while the CPU run holds them) and the side outputs of a fused attention
+    kernel (a plan that assumes CUDA's memory-efficient kernel, which the CPU lacks, differs in its logsumexp
+    rows) — at most 0.5 % of the peak. The plan's shapes are the run's."""
     method, cfg = _cfg(name, "smoke")
     module = method.part("plan")
-    if getattr(module, "NO_GPU", ""):
-        pytest.skip(f"{name} has no GPU part: {module.NO_GPU}")
+    if planning.no_gpu(module, cfg):
+        pytest.skip(f"{name}'s smoke preset has no GPU part: {planning.no_gpu(module, cfg)}")
     for step in module.steps(cfg, 1):
         meta, cpu = planning.measure(step, "meta"), planning.measure(step, "cpu")
-        assert 0 <= cpu["peak_bytes"] - meta["peak_bytes"] <= 1024, step.what
+        assert abs(cpu["peak_bytes"] - meta["peak_bytes"]) <= max(1024, 0.005 * meta["peak_bytes"]), step.what
         for part in ("parameters", "gradients", "method_buffers"):
             assert meta["parts"][part] == cpu["parts"][part], (step.what, part)
         assert meta["flops"] == cpu["flops"], step.what
