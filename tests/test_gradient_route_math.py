@@ -320,3 +320,18 @@ def test_lora_starts_as_the_base_trains_only_itself_and_merges_to_the_same_funct
     default = build_model(preset("default"), 57, 512, [], 64, seed=0)
     per_rank, module = 2 * (128 + 512), 2 * 128 * 64 + 64 + 128
     assert lora_rank(default, 64) == 13 and abs(13 * per_rank - module) <= per_rank / 2
+
+
+def test_a_chunked_attack_round_is_the_full_batch_step(gram):
+    """attack_round over parts of 3 windows (padding in some) takes the full batch's mean-loss gradient: the same
+    loss and the same AdamW step as one full-batch backward, up to float32 summation order."""
+    x = tokens(n=8, seed=5)
+    x[1, 9:] = 0  # padded tails: the mean is over the batch's real targets, not per part
+    x[6, 4:] = 0
+    models = [copy.deepcopy(gram) for _ in range(2)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    whole = T.attack_round(models[0], optimizers[0], x, 0, clip=1e9)
+    parts = T.attack_round(models[1], optimizers[1], x, 0, clip=1e9, chunk=3)
+    assert float(parts) == pytest.approx(float(whole), rel=32 * F32)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=64 * F32, atol=64 * F32)

@@ -189,3 +189,15 @@ def test_a_prompt_within_the_observation_window_is_refused_by_line():
     assert "at least 17" in error.value.fix
     roomy = Example("qa", 0, " ".join(["k1"] * 14), "? k1 =", "v1", line=7)
     check_lengths(tokenizer, [roomy], cfg, _llama(), "--data 'qa.jsonl'", agnostic=False)
+
+
+def test_blockwise_prefill_equals_one_block():
+    """The prefill attends a block of queries at a time (no [heads, N, N] tensor at LongBench lengths): blocks of
+    7 queries give the K/V, window queries, column sums and logits of one block over all 30 tokens."""
+    model = _llama()
+    ids = torch.randint(0, 50, (30,))
+    whole, blocks = prefill(model, ids, 8, with_logits=True), prefill(model, ids, 8, with_logits=True, block=7)
+    for a, b in ((whole.keys, blocks.keys), (whole.values, blocks.values), (whole.column_sums, blocks.column_sums),
+                 (whole.window_queries, blocks.window_queries), ([whole.logits], [blocks.logits])):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)

@@ -102,11 +102,19 @@ def loss_space_mask(flow: torch.Tensor, valid: torch.Tensor, setting: Setting, s
     return space.loss_mask(clip_masks(flow, valid, setting))
 
 
-def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids: np.ndarray):
-    """Yield (index, gradient (n,)) per clip: ∇θ of L_mot averaged over the clip's K draws (one backward
+def clip_gradient(space, weights, x0, eps, timesteps, condition, mask) -> tuple:
+    """∇θ of one clip's L_mot averaged over its K draws, one gradient per parameter on the model's device (no flat
+    copy): x0, mask (K, …) the clip's copies, eps (K, …), timesteps (K,), condition the K copies' condition."""
+    loss = masked_fm_loss(space.denoise, x0, eps, timesteps, condition, mask).mean()
+    return torch.autograd.grad(loss, weights)
+
+
+def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids: np.ndarray, flat: bool = True):
+    """Yield (index, gradient) per clip: ∇θ of L_mot averaged over the clip's K draws (one backward
     pass on the K copies). `model` is a loss space (`model.StackedFrames`, `wan.WanSpace`) or a bare
     stacked-frame UNet: the clips are encoded into its space (stacked frames, or Wan VAE latents), the mask
-    is taken there and ε* is drawn at the encoded clip's shape."""
+    is taken there and ε* is drawn at the encoded clip's shape. The gradient is a flat host vector (n,), or with
+    `flat=False` the tuple of per-parameter gradients where the model is (what `featurize` streams)."""
     space = as_space(model)
     params = space.parameters()
     for _, p in space.model.named_parameters():
@@ -125,66 +133,131 @@ def per_clip_gradients(model, videos, valid, flow, labels, setting: Setting, ids
     for i in range(len(x0)):
         copies = lambda a: a[i:i + 1].expand(k, *a.shape[1:])  # noqa: E731
         with single_thread():
-            condition = space.condition(copies(prompt))
-            loss = masked_fm_loss(space.denoise, copies(x0), eps[i].to(x0.device), timesteps[i].to(x0.device),
-                                  condition, copies(masks)).mean()
-            grads = torch.autograd.grad(loss, weights)
-            flat = torch.cat([g.reshape(-1) for g in grads]).cpu()
-        yield i, flat
+            grads = clip_gradient(space, weights, copies(x0), eps[i].to(x0.device), timesteps[i].to(x0.device),
+                                  space.condition(copies(prompt)), copies(masks))
+            if flat:
+                grads = torch.cat([g.reshape(-1) for g in grads]).cpu()
+        yield i, grads
+        del grads
     for _, p in space.model.named_parameters():
         p.requires_grad_(True)
+
+
+class ExactCosines:
+    """Gradient inner products of the first clips (the exact side of `proj_cos_err`), accumulated as the
+    gradients stream by: each kept gradient is one float32 copy in `store` memory (the host by default; the
+    device only ever holds the current clip's gradient), and a new clip's products with the kept ones are summed
+    parameter by parameter in float64 on the gradient's device."""
+
+    def __init__(self, size: int, store="cpu"):
+        self.size, self.store = size, store
+        self.kept: list[torch.Tensor] = []
+        self.gram = torch.zeros(size, size, dtype=torch.float64)
+
+    def add(self, grads, kept=None) -> None:
+        """The next clip's per-parameter gradients; `kept` (plan only) stands in for the earlier clips' stored
+        copies."""
+        kept = self.kept if kept is None else kept
+        row = torch.zeros(len(kept) + 1, dtype=torch.float64, device=grads[0].device)
+        offset = 0
+        for g in grads:
+            piece = g.reshape(-1).double()
+            n = len(piece)
+            for j, other in enumerate(kept):
+                row[j] += piece @ other[offset:offset + n].to(piece.device).double()
+            row[-1] += piece @ piece
+            offset += n
+        if kept is self.kept:
+            i = len(self.kept)
+            copy = torch.empty(offset, device=self.store)
+            offset = 0
+            for g in grads:
+                copy[offset:offset + g.numel()] = g.reshape(-1).to(self.store)
+                offset += g.numel()
+            self.kept.append(copy)
+            self.gram[i, :i + 1] = row.cpu()
+            self.gram[:i + 1, i] = row.cpu()
+
+    def cosines(self) -> torch.Tensor:
+        n = len(self.kept)
+        gram = self.gram[:n, :n]
+        norm = gram.diagonal().sqrt().clamp_min(1e-30)
+        return gram / norm[:, None] / norm[None, :]
 
 
 def featurize(model, videos, valid, flow, labels, ids, setting: Setting, dim: int, proj_seed: int, chunk: int,
               dense: bool, cos_subset: int, progress=None) -> dict:
     """Projected gradients of every clip: {'fastfood': (N, D), 'dense': (N, D) or None,
     'exact_cos' / 'fastfood_cos' / 'dense_cos' on the first `cos_subset` clips, and the
-    seconds spent in gradients, Fastfood and the dense projection}."""
+    seconds spent in gradients, Fastfood and the dense projection}.
+
+    Streamed (issue 48): each clip's per-parameter gradients go straight into the Fastfood block of its chunk on
+    the model's device (`FastfoodBlock.put`), `chunk` clips (at most `Fastfood.BATCH`) per block, and into the
+    exact-cosine Gram matrix (`ExactCosines`); no gradient matrix of the pool is ever held. Only the dense
+    Gaussian reference (`motive_dense`, toy sizes) still stacks a chunk's flat gradients on the host."""
     space = as_space(model)
     n_params = sum(p.numel() for _, p in space.parameters())
-    fastfood = Fastfood(n_params, dim, proj_seed)
+    where = next(space.model.parameters()).device
+    fastfood = Fastfood(n_params, dim, proj_seed).to(where)
     gaussian = DenseGaussian(n_params, dim, proj_seed) if dense else None
     n = len(videos)
     out_ff = torch.zeros(n, dim)
     out_dense = torch.zeros(n, dim) if dense else None
-    subset = []
+    exact = ExactCosines(min(cos_subset, n))
     seconds = {"grad_s": 0.0, "fastfood_s": 0.0, "dense_s": 0.0}
-    buffer, rows = [], []
+    state = {"block": None, "rows": [], "dense_rows": [], "flat": []}
 
     def flush():
-        if not buffer:
-            return
-        block = torch.stack(buffer)
-        with threads_for(block.numel()):  # million-entry transforms: every intra-op thread helps
-            tick = time.perf_counter()
-            out_ff[rows] = fastfood(block)
-            seconds["fastfood_s"] += time.perf_counter() - tick
-            if dense:
+        rows = state["rows"]
+        if rows:
+            with threads_for(n_params * len(rows)):  # million-entry transforms: every intra-op thread helps
                 tick = time.perf_counter()
-                out_dense[rows] = gaussian(block)
+                out_ff[rows] = state["block"].finish().cpu()
+                seconds["fastfood_s"] += time.perf_counter() - tick
+            state.update(block=None, rows=[])
+
+    def flush_dense():  # once per chunk: the dense reference regenerates R per call
+        if state["flat"]:
+            with threads_for(n_params * len(state["flat"])):
+                tick = time.perf_counter()
+                out_dense[state["dense_rows"]] = gaussian(torch.stack(state["flat"]))
                 seconds["dense_s"] += time.perf_counter() - tick
-        subset.extend(g.clone() for r, g in zip(rows, block) if r < cos_subset)
-        buffer.clear()
-        rows.clear()
+            state.update(dense_rows=[], flat=[])
 
     tick = time.perf_counter()
-    for i, g in per_clip_gradients(space, videos, valid, flow, labels, setting, ids):  # small ops: one thread
+    in_chunk = 0
+    for i, grads in per_clip_gradients(space, videos, valid, flow, labels, setting, ids, flat=False):  # one thread
         seconds["grad_s"] += time.perf_counter() - tick
-        buffer.append(g)
-        rows.append(i)
-        if len(buffer) == chunk:
+        if state["block"] is None:
+            state["block"] = fastfood.block(min(Fastfood.BATCH, chunk - in_chunk, n - i), where)
+        with threads_for(n_params):
+            tick = time.perf_counter()
+            state["block"].put(grads)
+            seconds["fastfood_s"] += time.perf_counter() - tick
+        state["rows"].append(i)
+        if dense:
+            state["flat"].append(torch.cat([g.reshape(-1) for g in grads]).cpu())
+            state["dense_rows"].append(i)
+        if i < exact.size:
+            exact.add(grads)
+        del grads
+        in_chunk += 1
+        if len(state["rows"]) == state["block"].width:
             flush()
+        if in_chunk == chunk:
+            in_chunk = 0
+            flush_dense()
         if progress is not None:
             progress(1)
         tick = time.perf_counter()
     flush()
+    flush_dense()
     result = {"fastfood": out_ff.numpy(), "dense": None if out_dense is None else out_dense.numpy(), **seconds}
-    if subset:
-        exact = torch.stack(subset)
-        result["exact_cos"] = cosine_matrix(exact.double()).numpy()
-        result["fastfood_cos"] = cosine_matrix(out_ff[:len(subset)].double()).numpy()
+    if exact.kept:
+        result["exact_cos"] = exact.cosines().numpy()
+        result["fastfood_cos"] = cosine_matrix(out_ff[:len(exact.kept)].double()).numpy()
         if dense:
-            result["dense_cos"] = cosine_matrix(out_dense[:len(subset)].double()).numpy()
+            result["dense_cos"] = cosine_matrix(out_dense[:len(exact.kept)].double()).numpy()
     return result
 
 

@@ -133,6 +133,10 @@ def preset(name: str) -> AttributeMotionConfig:
         cfg.eval.n_videos = 256
         cfg.eval.grid_frames = 8  # the synthetic evaluators' grid (README: they are the toy world's)
         cfg.eval.grid_size = 16
+        # sized by `icml attribute-motion plan` (README): one clip per Fastfood block (a 2^31 × 1 float32 input)
+        # and 8 clips' exact cosines (one 5.7 GB float32 gradient each, kept in host memory)
+        cfg.attr.chunk = 1
+        cfg.attr.cos_subset = 8
     return cfg
 
 

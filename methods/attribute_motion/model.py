@@ -233,13 +233,7 @@ def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Ten
         t = t.to(x0.device)
         if data_parallel:  # this rank's rows of the global batch
             x0, w, y, t, eps = (distributed.shard(part) for part in (x0, w, y, t, eps))
-        loss = fm_loss(space, x0, w, y, t, eps).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if data_parallel:
-            distributed.average_gradients(params)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss = fm_step(space, params, opt, x0, w, y, t, eps, data_parallel)
         value = float(loss.detach())
         losses.append(distributed.mean(value) if data_parallel else value)  # the global batch's, on every rank
         if on_step is not None:
@@ -248,11 +242,25 @@ def train_fm(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Ten
     return losses
 
 
+def fm_step(space, params, opt, x0, w, y, t, eps, data_parallel: bool = False) -> torch.Tensor:
+    """One AdamW step of `train_fm` on a batch (x0, validity weights w, prompt ids y, timesteps t, noise eps);
+    returns the batch's loss (a tensor: reading it is the caller's)."""
+    loss = fm_loss(space, x0, w, y, t, eps).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if data_parallel:
+        distributed.average_gradients(params)
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    return loss
+
+
 @torch.no_grad()
 def heldout_loss(model, videos: torch.Tensor, valid: torch.Tensor, labels: torch.Tensor, seed: int,
                  batch: int = 64) -> float:
     """Unmasked FM loss on held-out clips at fixed (t, ε) draws from `seed` (same for every arm)."""
     space = as_space(model)
+    batch = getattr(space, "eval_batch", batch)
     space.model.eval()
     x0 = space.encode(videos)
     weight = validity_weights(space, valid, videos).to(x0.device)

@@ -63,6 +63,9 @@ def load(path: str | Path) -> "WanSpace":
                         "re-save it with WanPipeline.save_pretrained or download Wan2.1-T2V-1.3B-Diffusers again") from None
     pipe.set_progress_bar_config(disable=True)
     pipe.to(device())
+    # at 81 frames × 480 px a clip is 18 900 tokens: the 30 blocks' saved activations would need ~90 GB for one
+    # gradient in float32; checkpointing keeps each block's input and recomputes it in backward (same values)
+    pipe.transformer.enable_gradient_checkpointing()
     for part in (pipe.vae, pipe.text_encoder):
         part.requires_grad_(False)
         part.eval()
@@ -71,6 +74,8 @@ def load(path: str | Path) -> "WanSpace":
 
 class WanSpace:
     """The loss space of a WanPipeline: VAE latents (N, C, T', h, w), captions through UMT5, the transformer."""
+
+    eval_batch = 1  # clips per forward of `model.heldout_loss`: 18 900 tokens each at the paper's 81 × 480
 
     def __init__(self, pipe, model, caches: tuple[dict, dict] | None = None):
         self.pipe = pipe
@@ -129,8 +134,9 @@ class WanSpace:
         return torch.cat([self.text(int(i)) for i in labels]).to(self.model.dtype)
 
     def denoise(self, x_t: torch.Tensor, timesteps: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-        out = self.model(hidden_states=x_t.to(device(), self.model.dtype), timestep=timesteps.to(device()),
-                         encoder_hidden_states=condition.to(device()), return_dict=False)[0]
+        where = next(self.model.parameters()).device  # the transformer's device (meta in `icml … plan`)
+        out = self.model(hidden_states=x_t.to(where, self.model.dtype), timestep=timesteps.to(where),
+                         encoder_hidden_states=condition.to(where), return_dict=False)[0]
         return out.float()
 
     @torch.no_grad()

@@ -69,12 +69,24 @@ def learned_w(model) -> list[tuple[int, str, float]]:
             for axis, v in zip(AXES, stage.w.detach().tolist())]
 
 
+def train_step(model, optimizer, schedule, inputs, target, label_smoothing: float):
+    """One AdamW step on a batch with label-smoothed cross-entropy; returns (loss detached, logits)."""
+    import torch.nn.functional as F
+
+    logits = model(inputs)
+    loss = F.cross_entropy(logits, target, label_smoothing=label_smoothing)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return loss.detach(), logits
+
+
 def fit(model, x: np.ndarray, y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray, *, epochs: int, batch: int,
         lr: float, weight_decay: float, label_smoothing: float, seed: int, tags: dict, variant: str,
         device: str = "cpu") -> list[dict]:
     """Train in place; return the per-epoch rows (split train / val)."""
     import torch
-    import torch.nn.functional as F
 
     steps_per_epoch = max(1, len(x) // batch)  # drop the last partial batch: BN needs > 1 sample
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -88,13 +100,8 @@ def fit(model, x: np.ndarray, y: np.ndarray, val_x: np.ndarray, val_y: np.ndarra
         for step in range(steps_per_epoch):
             pick = order[step * batch:(step + 1) * batch]
             inputs, target = torch.from_numpy(x[pick]).to(device), torch.from_numpy(y[pick]).to(device)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits, target, label_smoothing=label_smoothing)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total_loss += float(loss.detach()) * len(pick)
+            loss, logits = train_step(model, optimizer, schedule, inputs, target, label_smoothing)
+            total_loss += float(loss) * len(pick)
             correct += int((logits.argmax(1) == target).sum())
             seen += len(pick)
         base = {**tags, "variant": variant, "step": epoch}

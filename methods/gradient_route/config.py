@@ -44,6 +44,7 @@ class ElicitConfig:
     # first Adam step moves every parameter by ≈ lr (sign-like), which at 8 windows mostly perturbs (README)
     extra_lr_divisors: list[float] = field(default_factory=lambda: [64.0])
     attack_windows: int = 8  # the attacker's fixed forget sample (paper: 512 sequences)
+    chunk: int = 64  # attack windows per forward and backward: a round is still one full-batch step (README)
     variants: list[str] = field(default_factory=lambda: [v for v in VARIANTS if v != "baseline"])  # attacked
 
 
@@ -127,7 +128,7 @@ def preset(name: str) -> GradientRouteConfig:
         cfg.variants = list(VARIANTS)
         cfg.val_windows = 512
         cfg.maxent.steps = 2000
-        cfg.elicit = ElicitConfig(rounds=200, patience=10, attack_windows=512)
+        cfg.elicit = ElicitConfig(rounds=200, patience=10, attack_windows=512)  # 8 chunks of 64 (`plan`)
         cfg.workers = 1
     return cfg
 
@@ -170,7 +171,7 @@ def validate(cfg: GradientRouteConfig) -> None:
                        ("gpt.n_embd", cfg.gpt.n_embd), ("gpt.n_layer", cfg.gpt.n_layer),
                        ("gpt.n_head", cfg.gpt.n_head), ("gpt.context", cfg.gpt.context),
                        ("cr.eval_every", cfg.cr.eval_every), ("elicit.rounds", cfg.elicit.rounds),
-                       ("elicit.patience", cfg.elicit.patience), ("elicit.attack_windows", cfg.elicit.attack_windows),
+                       ("elicit.patience", cfg.elicit.patience), ("elicit.attack_windows", cfg.elicit.attack_windows), ("elicit.chunk", cfg.elicit.chunk),
                        ("maxent.steps", cfg.maxent.steps), ("maxent.batch", cfg.maxent.batch)):
         if value < 1:
             raise ValueError(f"{key} must be positive, not {value}")

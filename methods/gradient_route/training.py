@@ -243,16 +243,27 @@ def train_steps(model, steps: list[list[MicroBatch]], cfg, pad_id: int, *, singl
     optimizers = GroupOptimizers(model, cfg, single=single_optimizer)
     losses = []
     for t, step in enumerate(steps):
+        parts = train_step(model, optimizers, step, pad_id, wsd_lr(t, len(steps), cfg.lr, cfg.wsd))
         total = 0.0
-        for mb in step:  # torchrun: every rank runs the same route on its slice of the micro-batch
-            loss = rank_loss(model, mb.windows, pad_id, mb.route, mb.frozen) / len(step)  # per micro-batch masks
-            loss.backward()
-            total += float(loss.detach())
-        optimizers.step(wsd_lr(t, len(steps), cfg.lr, cfg.wsd))
+        for part in parts:
+            total += float(part)
         losses.append(distributed.mean(total))
         if on_step is not None:
             on_step(t + 1)
     return losses
+
+
+def train_step(model, optimizers: GroupOptimizers, step: list[MicroBatch], pad_id: int, lr: float
+               ) -> list[torch.Tensor]:
+    """One optimizer step: forward and backward of every micro-batch with its own route (per micro-batch
+    masks), then the group optimizers. Returns each micro-batch's share of the step's loss, detached."""
+    parts = []
+    for mb in step:  # torchrun: every rank runs the same route on its slice of the micro-batch
+        loss = rank_loss(model, mb.windows, pad_id, mb.route, mb.frozen) / len(step)
+        loss.backward()
+        parts.append(loss.detach())
+    optimizers.step(lr)
+    return parts
 
 
 def rank_loss(model, windows: torch.Tensor, pad_id: int, route=None, frozen=()) -> torch.Tensor:
@@ -309,14 +320,21 @@ def maxent_unlearn(model, forget: torch.Tensor, retain_core: torch.Tensor, retai
         if n_aux:
             parts.append(retain_aux[torch.from_numpy(rng.integers(len(retain_aux), size=n_aux))])
         # under torchrun: every rank draws the same batches and trains on its equal slice of x_f
-        loss = maxent_loss(model, x_f, torch.cat(parts), lam, pad_id)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        distributed.average_gradients(model.parameters())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        optimizer.step()
-        losses.append(distributed.mean(float(loss.detach())))
+        loss = maxent_step(model, optimizer, x_f, torch.cat(parts), lam, pad_id, cfg.clip)
+        losses.append(distributed.mean(float(loss)))
     return losses
+
+
+def maxent_step(model, optimizer, x_f: torch.Tensor, x_r: torch.Tensor, lam: float, pad_id: int, clip: float
+                ) -> torch.Tensor:
+    """One MaxEnt update on forget windows x_f and retain windows x_r; returns the loss, detached."""
+    loss = maxent_loss(model, x_f, x_r, lam, pad_id)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(model.parameters())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return loss.detach()
 
 
 def elicit(deployed, attack: torch.Tensor, heldout: torch.Tensor, cfg, pad_id: int,
@@ -333,11 +351,7 @@ def elicit(deployed, attack: torch.Tensor, heldout: torch.Tensor, cfg, pad_id: i
     losses = [mean_loss(model, heldout, pad_id)]
     best, since = math.inf, 0
     for _ in range(cfg.elicit.rounds):
-        loss = lm_loss(forward(model, attack[:, :-1]), attack[:, 1:], pad_id)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        optimizer.step()
+        attack_round(model, optimizer, attack, pad_id, cfg.clip, cfg.elicit.chunk)
         losses.append(mean_loss(model, heldout, pad_id))
         if losses[-1] < best:
             best, since = losses[-1], 0
@@ -346,3 +360,26 @@ def elicit(deployed, attack: torch.Tensor, heldout: torch.Tensor, cfg, pad_id: i
             if since >= cfg.elicit.patience:
                 break
     return losses
+
+
+def attack_round(model, optimizer, attack: torch.Tensor, pad_id: int, clip: float, chunk: int | None = None
+                 ) -> torch.Tensor:
+    """One round of the relearning attack: a full-batch AdamW step on the attack windows, their gradient
+    accumulated over parts of `chunk` windows (each part's summed token loss over the batch's target count: the
+    full batch's mean loss and gradient); returns the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    if not chunk or chunk >= len(attack):
+        loss = lm_loss(forward(model, attack[:, :-1]), attack[:, 1:], pad_id)
+        loss.backward()
+    else:
+        count = (attack[:, 1:] != pad_id).sum().clamp_min(1)
+        loss = 0.0
+        for part in attack.split(chunk):
+            logits = forward(model, part[:, :-1])
+            summed = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), part[:, 1:].reshape(-1),
+                                     ignore_index=pad_id, reduction="sum") / count
+            summed.backward()
+            loss = loss + summed.detach()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+    return loss.detach()

@@ -49,10 +49,15 @@ def group_heads(per_query_head: torch.Tensor, n_kv: int, how: str = "mean") -> t
     return grouped.mean(1) if how == "mean" else grouped.amax(1)
 
 
-def kv_head_entropy(state: Prefill, log_attentions: list[torch.Tensor], norm: str, how: str) -> np.ndarray:
-    """H_l^h [L, Hkv]."""
+def kv_head_entropy_tensor(state: Prefill, log_attentions: list[torch.Tensor], norm: str, how: str) -> torch.Tensor:
+    """H_l^h [L, Hkv] on the device."""
     _, n_kv, _ = state.shape
-    return np.stack([group_heads(head_entropy(a, norm), n_kv, how).double().cpu().numpy() for a in log_attentions])
+    return torch.stack([group_heads(head_entropy(a, norm), n_kv, how) for a in log_attentions])
+
+
+def kv_head_entropy(state: Prefill, log_attentions: list[torch.Tensor], norm: str, how: str) -> np.ndarray:
+    """H_l^h [L, Hkv] on the host."""
+    return kv_head_entropy_tensor(state, log_attentions, norm, how).double().cpu().numpy()
 
 
 # ---------------------------------------------------------------------------------------------

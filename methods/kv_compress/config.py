@@ -16,6 +16,7 @@ POOLS = ("max", "avg")
 GQA_AGGS = ("mean", "max")
 ENTROPY_NORMS = ("history", "prompt")  # log(N−w) as the reproduction, or log N
 SCORINGS = ("exact", "f1")
+PLAN_MODELS = ("tiny", "llama-3.1-8b")
 # the kinds of training rows (training.training_batch)
 ROW_KINDS = ("copy", "cue_copy", "recall", "count", "context_recall", "context_count", "tasks")
 
@@ -86,6 +87,10 @@ class KvCompressConfig:
     n_calibration: int = 64
     calibrate_on_train: bool = True
     model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m): no training
+    # what `icml kv-compress plan` sizes when no --model is given: the tiny model, or llama-3.1-8b (the published
+    # sizes, no download); and the prompt length it sizes (0: context_max words + the question, generated tasks)
+    plan_model: str = "tiny"
+    plan_tokens: int = 0
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -111,6 +116,8 @@ def preset(name: str) -> KvCompressConfig:
         cfg.n_per_task = 50
         cfg.scoring = "f1"
         cfg.max_new_tokens = 64
+        cfg.plan_model = "llama-3.1-8b"  # Llama-3.1-8B-Instruct on LongBench prompts up to 32k tokens (plan.py)
+        cfg.plan_tokens = 32768
     return cfg
 
 
@@ -154,6 +161,8 @@ def validate(cfg: KvCompressConfig) -> None:
                 "train_log_every", "val_every", "val_per_task", "n_calibration", "bootstrap", "max_new_tokens"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(cfg, key)}")
+    if cfg.plan_model not in PLAN_MODELS or cfg.plan_tokens < 0:
+        raise ValueError(f"plan_model must be one of {', '.join(PLAN_MODELS)} and plan_tokens >= 0")
     if cfg.calibration_split < 0:
         raise ValueError(f"calibration_split must be >= 0 (lines of --data held apart for H̄), not {cfg.calibration_split}")
     if cfg.sinks < 0:

@@ -63,10 +63,15 @@ class Analysis:
     entropy_ms: float
 
 
+def window_attentions(state: Prefill) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(A, log A) [Hq, w, N] per layer: the last window's queries against all keys."""
+    log_attentions = [kv.window_log_attention(q, k, state.scaling) for q, k in zip(state.window_queries, state.keys)]
+    return [a.exp() for a in log_attentions], log_attentions
+
+
 def analyse(state: Prefill, cfg) -> Analysis:
     start = time.perf_counter()
-    log_attentions = [kv.window_log_attention(q, k, state.scaling) for q, k in zip(state.window_queries, state.keys)]
-    attentions = [a.exp() for a in log_attentions]
+    attentions, log_attentions = window_attentions(state)
     middle = time.perf_counter()
     entropy = kv.kv_head_entropy(state, log_attentions, cfg.entropy_norm, cfg.gqa_agg)
     end = time.perf_counter()
@@ -222,44 +227,67 @@ def greedy_answer(model, tokenizer, cache: RaggedCache, parts: Split, max_new: i
 
 def evaluate_example(model, tokenizer, example: Example, cfg, specs: list[Variant], ratios: list[float],
                      h_bar: float | None, device: str) -> tuple[list[dict], list[dict]]:
-    """Per-(variant, ratio) result rows and allocation rows of one example."""
-    modes = {spec.question_aware for spec in specs} | {True}
+    """Per-(variant, ratio) result rows and allocation rows of one example. One prefill mode at a time
+    (question-aware, then question-agnostic if a variant asks for it): its K/V, window attention and caches
+    are freed before the next, so that a long prompt holds one prefill (README, paper preset)."""
+    modes = [True] + ([False] if any(not spec.question_aware for spec in specs) else [])
     parts = {aware: split(tokenizer, example, aware, device) for aware in modes}
-    states = {aware: prefill(model, parts[aware].prefix, cfg.window) for aware in modes}
-    analyses = {aware: analyse(states[aware], cfg) for aware in modes}
-    full_cache = RaggedCache.from_prefill(states[True], [[torch.arange(states[True].n)] * states[True].shape[1]]
-                                          * states[True].shape[0])
-    full = score_cache(model, full_cache, parts[True], None)  # once per example, reused for every KL
+    full = None
+    scored: dict[tuple[int, int], tuple[dict, list[dict]]] = {}
+    for aware in modes:
+        state = prefill(model, parts[aware].prefix, cfg.window)
+        analysis = analyse(state, cfg)
+        if full is None:  # once per example, reused for every KL
+            full = score_cache(model, RaggedCache.from_prefill(state, [[torch.arange(state.n)] * state.shape[1]]
+                                                               * state.shape[0]), parts[True], None)
+        for r, ratio in enumerate(ratios):
+            for s, spec in enumerate(specs):
+                if spec.question_aware == aware:
+                    scored[r, s] = score_variant(model, tokenizer, example, cfg, spec, ratio, state, parts[aware],
+                                                 analysis, full, h_bar)
+        del state, analysis
     results, allocations = [], []
-    for ratio in ratios:
-        for spec in specs:
-            state, part, analysis = states[spec.question_aware], parts[spec.question_aware], analyses[spec.question_aware]
-            start = time.perf_counter()
-            selection = compress(state, analysis, spec, ratio, cfg, h_bar)
-            cache = RaggedCache.from_prefill(state, selection.kept)
-            overhead = 1000 * (time.perf_counter() - start) + charged_ms(analysis, spec)
-            outcome = full if spec.allocation == "full" else score_cache(model, cache, part, full.first_logprobs)
-            correct = outcome.correct
-            if cfg.scoring == "f1":
-                predicted = greedy_answer(model, tokenizer, cache, part, cfg.max_new_tokens)
-                correct = max(token_f1(predicted, reference) for reference in example.answers or (example.answer,))
-            L, n_kv, _ = state.shape
-            budgets = selection.budget.astype(float)
-            results.append({"variant": spec.name, "task": example.task, "ratio": ratio,
-                            "example_id": example.example_id, "line": example.line, score_metric(cfg): correct,
-                            "answer_nll": outcome.answer_nll, "kl_to_full": outcome.kl_to_full,
-                            "kept_entries": cache.entries(), "kept_fraction": cache.entries() / (L * n_kv * state.n),
-                            "memory_bytes": cache.memory_bytes(), "overhead_ms": overhead,
-                            "budget_cv": budgets.std() / budgets.mean(),
-                            "mean_entropy": float(analysis.entropy.mean())})
-            for layer in range(L):
-                for head in range(n_kv):
-                    allocations.append({
-                        "variant": spec.name, "task": example.task, "ratio": ratio,
-                        "example_id": example.example_id, "layer": layer, "kv_head": head,
-                        "entropy": float(analysis.entropy[layer, head]),
-                        "signal": float(selection.signal[layer, head]) if selection.signal is not None else np.nan,
-                        "budget_raw": float(selection.budget_raw[layer, head]),
-                        "budget": int(selection.budget[layer, head]),
-                        "kept": len(selection.kept[layer][head])})
+    for r in range(len(ratios)):
+        for s in range(len(specs)):
+            row, alloc = scored[r, s]
+            results.append(row)
+            allocations += alloc
     return results, allocations
+
+
+def score_variant(model, tokenizer, example: Example, cfg, spec: Variant, ratio: float, state: Prefill, part: Split,
+                  analysis: Analysis, full: Outcome, h_bar: float | None) -> tuple[dict, list[dict]]:
+    """The result row and allocation rows of one variant at one ratio."""
+    start = time.perf_counter()
+    selection = compress(state, analysis, spec, ratio, cfg, h_bar)
+    cache = RaggedCache.from_prefill(state, selection.kept)
+    overhead = 1000 * (time.perf_counter() - start) + charged_ms(analysis, spec)
+    entries, memory = cache.entries(), cache.memory_bytes()
+    outcome = full if spec.allocation == "full" else score_cache(model, cache, part, full.first_logprobs)
+    correct = outcome.correct
+    if cfg.scoring == "f1":
+        held = [cache]
+        del cache  # greedy decoding's caches replace this one: no reference here keeps it alive
+        predicted = greedy_answer(model, tokenizer, held.pop(), part, cfg.max_new_tokens)
+        correct = max(token_f1(predicted, reference) for reference in example.answers or (example.answer,))
+    L, n_kv, _ = state.shape
+    budgets = selection.budget.astype(float)
+    row = {"variant": spec.name, "task": example.task, "ratio": ratio,
+           "example_id": example.example_id, "line": example.line, score_metric(cfg): correct,
+           "answer_nll": outcome.answer_nll, "kl_to_full": outcome.kl_to_full,
+           "kept_entries": entries, "kept_fraction": entries / (L * n_kv * state.n),
+           "memory_bytes": memory, "overhead_ms": overhead,
+           "budget_cv": budgets.std() / budgets.mean(),
+           "mean_entropy": float(analysis.entropy.mean())}
+    allocations = []
+    for layer in range(L):
+        for head in range(n_kv):
+            allocations.append({
+                "variant": spec.name, "task": example.task, "ratio": ratio,
+                "example_id": example.example_id, "layer": layer, "kv_head": head,
+                "entropy": float(analysis.entropy[layer, head]),
+                "signal": float(selection.signal[layer, head]) if selection.signal is not None else np.nan,
+                "budget_raw": float(selection.budget_raw[layer, head]),
+                "budget": int(selection.budget[layer, head]),
+                "kept": len(selection.kept[layer][head])})
+    return row, allocations

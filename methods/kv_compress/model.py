@@ -14,6 +14,8 @@ import torch
 
 from icml.methods.kv_compress.config import SUPPORTED_FAMILIES
 
+PREFILL_BLOCK = 512  # queries per block of the prefill's attention: [heads, 512, ≤ N] scores at a time
+
 
 
 def quiet_transformers() -> None:
@@ -122,25 +124,36 @@ class Prefill:
 
 
 @torch.no_grad()
-def prefill(model, ids: torch.Tensor, window: int, with_logits: bool = False) -> Prefill:
+def prefill(model, ids: torch.Tensor, window: int, with_logits: bool = False, block: int = PREFILL_BLOCK) -> Prefill:
+    """Causal attention a block of `block` queries at a time (each against the keys up to its last row):
+    the statistics the compressors need (window queries, column sums) without any [heads, N, N] tensor,
+    so that LongBench-length prompts fit (README, paper preset)."""
     N = ids.shape[0]
     positions = torch.arange(N, device=ids.device)
     hidden = model.model.embed_tokens(ids)
     cos, sin = rope(model, hidden, positions)
-    causal = torch.full((N, N), float("-inf"), device=ids.device).triu(1)
     keys, values, queries, sums = [], [], [], []
     for layer in model.model.layers:
         attn = layer.self_attn
         q, k, v = project(attn, layer.input_layernorm(hidden), cos, sin)
         group = q.shape[0] // k.shape[0]
-        scores = (q @ k.repeat_interleave(group, 0).transpose(1, 2)).float() * attn.scaling + causal
-        probs = scores.softmax(-1)
-        out = (probs.to(v.dtype) @ v.repeat_interleave(group, 0)).transpose(0, 1).reshape(N, -1)
+        k_all, v_all = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        out = q.new_empty(N, q.shape[0] * q.shape[2])
+        column_sums = torch.zeros(q.shape[0], N, dtype=torch.float32, device=ids.device)
+        for start in range(0, N, block):
+            end = min(N, start + block)
+            scores = (q[:, start:end] @ k_all[:, :end].transpose(1, 2)).float() * attn.scaling
+            scores = scores.masked_fill(positions[None, :end] > positions[start:end, None], float("-inf"))
+            probs = scores.softmax(-1)
+            out[start:end] = (probs.to(v.dtype) @ v_all[:, :end]).transpose(0, 1).reshape(end - start, -1)
+            column_sums[:, :end] += probs.sum(1)
+            del scores, probs
+        del k_all, v_all
         hidden = _mlp_block(layer, hidden, out)
         keys.append(k)
         values.append(v)
-        queries.append(q[:, N - window:])
-        sums.append(probs.sum(1))
+        queries.append(q[:, N - window:].clone())  # a copy: a view would keep all N queries alive
+        sums.append(column_sums)
     logits = _logits(model, hidden) if with_logits else None
     return Prefill(keys, values, queries, sums, float(model.model.layers[0].self_attn.scaling), logits)
 
@@ -157,6 +170,8 @@ class RaggedCache:
     values: list[torch.Tensor]
     offsets: list[torch.Tensor]  # int64 [Hkv + 1]
     next_position: int  # absolute position of the next token: N + t
+    sizes: list[list[int]]  # sizes[l][h] = entries of head h of layer l (the offsets' differences, on the host:
+    # reading them off the device would cost a sync per layer and decoding step)
 
     @classmethod
     def from_prefill(cls, state: Prefill, kept: list[list[torch.Tensor]]) -> "RaggedCache":
@@ -168,13 +183,13 @@ class RaggedCache:
             values.append(torch.cat([v[h, idx] for h, idx in enumerate(heads)]))
             lengths = torch.tensor([0] + [len(idx) for idx in heads], device=k.device)
             offsets.append(lengths.cumsum(0))
-        return cls(keys, values, offsets, state.n)
+        return cls(keys, values, offsets, state.n, [[len(idx) for idx in heads] for heads in kept])
 
     def lengths(self, layer: int) -> list[int]:
-        return self.offsets[layer].diff().tolist()
+        return list(self.sizes[layer])
 
     def entries(self) -> int:
-        return sum(int(o[-1]) for o in self.offsets)
+        return sum(sum(sizes) for sizes in self.sizes)
 
     def memory_bytes(self) -> int:
         tensors = self.keys + self.values + self.offsets
@@ -224,4 +239,5 @@ def extend(model, cache: RaggedCache, ids: torch.Tensor) -> tuple[torch.Tensor, 
         new_keys.append(_appended(cache.keys[layer_index], lengths, k))
         new_values.append(_appended(cache.values[layer_index], lengths, v))
         new_offsets.append(cache.offsets[layer_index] + torch.arange(k.shape[0] + 1, device=ids.device) * T)
-    return _logits(model, hidden), RaggedCache(new_keys, new_values, new_offsets, cache.next_position + T)
+    return _logits(model, hidden), RaggedCache(new_keys, new_values, new_offsets, cache.next_position + T,
+                                               [[n + T for n in sizes] for sizes in cache.sizes])

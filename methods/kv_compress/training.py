@@ -134,6 +134,18 @@ def rank_inputs(inputs: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
     return inputs, {"num_items_in_batch": distributed.sum_divisor(count)}
 
 
+def train_step(model, replicas, optimizer, inputs: dict[str, torch.Tensor], loss_options: dict, lr: float):
+    """One AdamW step on a batch (its tensors on the model's device); returns the loss tensor."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = replicas(**inputs, **loss_options).loss
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
+
+
 def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example], start_step: int,
                 optimizer_state: dict | None, on_log: Callable[[int, dict], None],
                 on_checkpoint: Callable[[int, torch.optim.Optimizer, list[float]], None],
@@ -154,13 +166,7 @@ def train_model(model, tokenizer, cfg, seed: int, device: str, val: list[Example
         if distributed.is_replica(replicas):
             inputs, loss_options = rank_inputs(inputs)
         inputs = {k: v.to(device) for k, v in inputs.items()}
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss = replicas(**inputs, **loss_options).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss = train_step(model, replicas, optimizer, inputs, loss_options, lr_at(step, cfg))
         running.append(distributed.mean(loss.item()))  # the global batch's
         done = step + 1
         if done % cfg.train_log_every == 0 or done == cfg.steps:

@@ -15,6 +15,7 @@ VARIANTS = ["vanilla", "nothinking", "deer", "asag", "asag_exit", "asag_exit_inj
             "oracle_first_correct"]
 PROBE_POSITIONS = ("before", "after")
 TRAP_STATS = ("mean", "mass")
+PLAN_MODELS = ("tiny", "qwen3-8b")
 
 # the real-model strings of the spec (Qwen3 / DeepSeek-R1-style thinking models)
 REAL_ATP_WORDS = ["Wait", "Hmm", "Alternatively"]
@@ -91,6 +92,7 @@ class ReasonStopConfig:
     train_log_every: int = 50
     val_every: int = 250
     model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m): no training
+    plan_model: str = "tiny"  # what `icml reason-stop plan` sizes without --model: tiny | qwen3-8b (published sizes)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -122,6 +124,7 @@ def preset(name: str) -> ReasonStopConfig:
         cfg.jump_prompt = REAL_JUMP
         cfg.think_start = "<think>\n"
         cfg.empty_think = "<think>\n\n</think>\n\n"
+        cfg.plan_model = "qwen3-8b"  # a Qwen3-8B-class reasoner (plan.py)
     return cfg
 
 
@@ -138,6 +141,8 @@ def validate(cfg: ReasonStopConfig) -> None:
                 "train_log_every", "val_every", "workers"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(cfg, key)}")
+    if cfg.plan_model not in PLAN_MODELS:
+        raise ValueError(f"plan_model must be one of {', '.join(PLAN_MODELS)}, not '{cfg.plan_model}'")
     if cfg.max_jumps < 0 or cfg.warmup_steps < 0:
         raise ValueError("max_jumps and warmup_steps must be >= 0")
     if cfg.inject_tokens is not None and cfg.inject_tokens <= 0:

@@ -343,14 +343,21 @@ class Session:
     def feed(self, ids: list[int]) -> torch.Tensor:
         """Append `ids`; return the next-token logits [vocab] after the last of them."""
         start = self.length
+        logits = self.forward(ids)
+        self.ids += ids
+        self.recorder.commit(start)
+        return logits
+
+    @torch.no_grad()
+    def forward(self, ids: list[int]) -> torch.Tensor:
+        """The model on `ids` through the cache (the recorder's hooks take their rows): the next-token logits,
+        on the device; `feed` files the rows and the ids."""
         x = torch.tensor([ids], device=self.device)
         try:
             out = self.model(input_ids=x, use_cache=True, **{self.keyword: self.cache})
         except Exception:
             self.recorder.discard()
             raise
-        self.ids += ids
-        self.recorder.commit(start)
         return out.logits[0, -1].float()
 
     def roll_back(self, length: int) -> None:

@@ -115,13 +115,18 @@ def accumulate_batch_gradient(model, encoded: list[tuple[list[int], int]], pad_i
     total = 0.0
     for start in range(0, len(encoded), micro_batch):
         batch = {k: v.to(device) for k, v in pad_batch(encoded[start:start + micro_batch], pad_id, max_length).items()}
-        logits = model(input_ids=batch["input_ids"]).logits[:, :-1]  # the model's dtype (fp32; tests: fp64)
-        target = batch["labels"][:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                 ignore_index=-100, reduction="sum") / n_targets
-        loss.backward()
-        total += loss.item()
+        total += micro_batch_backward(model, batch, n_targets).item()
     return total
+
+
+def micro_batch_backward(model, batch: dict[str, torch.Tensor], n_targets: int) -> torch.Tensor:
+    """Backpropagate one micro-batch's summed token cross-entropy ÷ `n_targets`; returns that loss."""
+    logits = model(input_ids=batch["input_ids"]).logits[:, :-1]  # the model's dtype (fp32; tests: fp64)
+    target = batch["labels"][:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                             ignore_index=-100, reduction="sum") / n_targets
+    loss.backward()
+    return loss.detach()
 
 
 def train_model(model, train: list[tuple[list[int], int]], val: list[tuple[list[int], int]], cfg, seed: int,

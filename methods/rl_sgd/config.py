@@ -89,6 +89,7 @@ class RlSgdConfig:
     warm_start: str = "auto"  # auto: SFT for the tiny model, none for --model; sft | none
     data: str | None = None  # a user JSONL file of {"prompt", "answer"} (--data)
     model: str | None = None  # a causal LM of SUPPORTED_FAMILIES (--model: checkpoint dir, .gguf file or smollm2-135m)
+    plan_model: str = "tiny"  # what `icml rl-sgd plan` sizes without --model: tiny | qwen3-8b (published sizes)
     reward: str | None = None  # module:function (prompt, completion, answer) -> float
     use_chat_template: bool = False
     held_out_frac: float = 0.2  # of a user data file, kept for accuracy (capped at eval_problems)
@@ -125,6 +126,7 @@ def preset(name: str) -> RlSgdConfig:
         cfg.grids.sft_adamw = [1e-6, 1e-5]
         cfg.grids.sft_sgd = [1e-2, 1e-1]
         cfg.workers = 1
+        cfg.plan_model = "qwen3-8b"  # a Qwen3-8B policy (plan.py)
     return cfg
 
 
@@ -148,6 +150,8 @@ def validate(cfg: RlSgdConfig) -> None:
                 "eval_problems", "log_every", "workers"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(cfg, key)}")
+    if cfg.plan_model not in ("tiny", "qwen3-8b"):
+        raise ValueError(f"plan_model must be tiny or qwen3-8b, not '{cfg.plan_model}'")
     if cfg.group_size < 2:
         raise ValueError(f"group_size must be at least 2 (a group of one has no baseline), not {cfg.group_size}")
     if not cfg.temperature > 0:

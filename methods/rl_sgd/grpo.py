@@ -122,17 +122,27 @@ def grpo_update(model, optimizer, rollout: Rollout, *, clip_eps: float, ppo_epoc
         prompts, tokens, mask, loss_mask, count, adv = rank_share(prompts, tokens, mask, adv)
     old_logp = None
     for epoch in range(ppo_epochs):
-        optimizer.zero_grad(set_to_none=True)
-        logp = completion_logprobs(model, prompts, tokens, mask, temperature)
-        if old_logp is None:
-            old_logp = logp.detach()  # π_old: the policy that sampled the batch
-        loss = clipped_surrogate(logp, old_logp, adv, loss_mask, clip_eps, count)
-        loss.backward()
-        norm = clip_and_norm(model, grad_clip)
-        optimizer.step()
+        loss, norm, old_logp = surrogate_step(model, optimizer, prompts, tokens, mask, adv, loss_mask, count,
+                                              old_logp, clip_eps, grad_clip, temperature)
         if epoch == 0:
-            stats["grad_norm"], stats["loss"] = norm, distributed.mean(loss.item()) if replica else loss.item()
+            stats["grad_norm"], stats["loss"] = float(norm), distributed.mean(loss.item()) if replica else loss.item()
     return stats
+
+
+def surrogate_step(model, optimizer, prompts: Prompts, tokens: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor,
+                   loss_mask: torch.Tensor, count: float | None, old_logp: torch.Tensor | None, clip_eps: float,
+                   grad_clip: float, temperature: float):
+    """One optimizer step on the clipped surrogate: (loss, gradient norm before clipping, π_old's log-probs —
+    these log-probs, detached, when `old_logp` is None), all tensors on the device."""
+    optimizer.zero_grad(set_to_none=True)
+    logp = completion_logprobs(model, prompts, tokens, mask, temperature)
+    if old_logp is None:
+        old_logp = logp.detach()  # π_old: the policy that sampled the batch
+    loss = clipped_surrogate(logp, old_logp, adv, loss_mask, clip_eps, count)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.detach(), norm, old_logp
 
 
 def sft_update(model, optimizer, prompts: Prompts, tokens: torch.Tensor, mask: torch.Tensor,

@@ -35,6 +35,9 @@ class SpectralOptimConfig:
     steps: int = 250
     batch_size: int = 8  # the spec says 16: its grid is estimated at 16-17 min on 2 cores even with psi_many (README)
     block_size: int = 128
+    # windows per forward/backward: a step accumulates the gradients of batch_size / micro_batch parts (the same
+    # mean loss and gradient); none: the whole batch at once. The paper's 480 windows need parts (README)
+    micro_batch: int | None = None
     lr_vector: float | None = 3e-3  # vector (AdamW) LR of every run; none: the paper's per-variant value
     warmup_frac: float = 0.1
     min_lr_frac: float | None = 0.01  # cosine floor as a fraction of each group's peak; none: the paper's min LR
@@ -83,6 +86,7 @@ def preset(name: str) -> SpectralOptimConfig:
         cfg.batch_size = 480
         cfg.block_size = 1024
         cfg.warmup_frac = 0.01
+        cfg.micro_batch = 32  # 480 windows of GPT-2 124M at once hold ~880 GB of activations (`icml spectral-optim plan`)
         cfg.gpt = ModelConfig(n_embd=768, n_layer=12, n_head=12, n_positions=1024)
     return cfg
 
@@ -117,6 +121,8 @@ def validate(cfg: SpectralOptimConfig) -> None:
                 "val_batches", "eval_val_batches", "psi_repeats", "corpus_chars", "workers"):
         if getattr(cfg, key) <= 0:
             raise ValueError(f"{key} must be positive, not {getattr(cfg, key)}")
+    if cfg.micro_batch is not None and cfg.micro_batch <= 0:
+        raise ValueError(f"micro_batch must be positive (or none: the whole batch), not {cfg.micro_batch}")
     if not 0 <= cfg.warmup_frac < 1 or (cfg.min_lr_frac is not None and not 0 <= cfg.min_lr_frac <= 1):
         raise ValueError("warmup_frac must be in [0, 1) and min_lr_frac in [0, 1]")
     if cfg.gpt.n_embd % cfg.gpt.n_head:

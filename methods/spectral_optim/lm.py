@@ -7,6 +7,7 @@ all runs into the paper's stability numbers (best loss, LR spread, divergences, 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -110,14 +111,42 @@ def set_learning_rates(optimizer, settings: RunSettings, step: int, total_steps:
         group["lr"] = lr_schedule(step, total_steps, peak, settings.warmup_steps, floor)
 
 
-def final_val_loss(model, batches: LMBatches, n_batches: int) -> float:
+def mean_loss(model, windows: torch.Tensor, micro_batch: int | None = None) -> torch.Tensor:
+    """Mean next-token loss of `windows`, micro_batch windows per forward (no gradient kept between parts:
+    call it under no_grad)."""
+    if not micro_batch or micro_batch >= windows.shape[0]:
+        return next_token_loss(model, windows)
+    return sum(next_token_loss(model, part) * (part.shape[0] / windows.shape[0]) for part in windows.split(micro_batch))
+
+
+def accumulate_gradients(model, windows: torch.Tensor, micro_batch: int | None = None) -> torch.Tensor:
+    """Backward of the mean next-token loss of `windows`, micro_batch windows at a time: each part's loss is
+    weighted by its share of the windows, so the summed gradients are the whole batch's. Returns the batch's
+    mean loss, detached. Under DDP the gradients are averaged over the ranks on the last part only."""
+    if not micro_batch or micro_batch >= windows.shape[0]:
+        loss = next_token_loss(model, windows)
+        loss.backward()
+        return loss.detach()
+    parts = windows.split(micro_batch)
+    total = None
+    for i, part in enumerate(parts):
+        syncing = i == len(parts) - 1 or not hasattr(model, "no_sync")
+        with contextlib.nullcontext() if syncing else model.no_sync():
+            loss = next_token_loss(model, part) * (part.shape[0] / windows.shape[0])
+            loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total
+
+
+def final_val_loss(model, batches: LMBatches, n_batches: int, micro_batch: int | None = None) -> float:
     """Mean next-token cross-entropy (nats) over the first `n_batches` fixed val batches; the same
-    batches for every run of a grid. Leaves the model in train mode. Under torchrun each rank takes
-    its slice of every batch and the ranks' means are averaged: the same value on every rank."""
+    batches for every run of a grid, micro_batch windows per forward. Leaves the model in train mode.
+    Under torchrun each rank takes its slice of every batch and the ranks' means are averaged: the same
+    value on every rank."""
     device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():
-        total = sum(next_token_loss(model, distributed.shard(batches.val[i]).to(device)).item()
+        total = sum(mean_loss(model, distributed.shard(batches.val[i]).to(device), micro_batch).item()
                     for i in range(n_batches))
     model.train()
     return distributed.mean(total / n_batches)
@@ -157,7 +186,7 @@ def train_one(cfg, variant: str, lr_multiplier: float, model_init, batches: LMBa
     replicas = distributed.wrap(model)  # DistributedDataParallel under torchrun; the model itself otherwise
 
     started = time.perf_counter()
-    initial_val = final_val_loss(model, batches, cfg.val_batches)
+    initial_val = final_val_loss(model, batches, cfg.val_batches, cfg.micro_batch)
     record("val_loss", initial_val, 0, "val")
     last_val = initial_val
     diverged = not math.isfinite(initial_val)
@@ -167,14 +196,13 @@ def train_one(cfg, variant: str, lr_multiplier: float, model_init, batches: LMBa
         if diverged:
             break
         set_learning_rates(optimizer, settings, step, cfg.steps)
-        loss = next_token_loss(replicas, distributed.shard(batches.train[step]).to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(replicas, distributed.shard(batches.train[step]).to(device), cfg.micro_batch)
         loss_value = distributed.mean(loss.item())  # the global batch's: every rank stops alike
         if not math.isfinite(loss_value):
             record("train_loss", loss_value, step, "train")  # the non-finite value itself, for the curves
             diverged = True
             break
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
         if not math.isfinite(grad_norm.item()):
             record("train_loss", loss_value, step, "train")
@@ -190,7 +218,7 @@ def train_one(cfg, variant: str, lr_multiplier: float, model_init, batches: LMBa
         if step % cfg.train_log_every == 0 or steps_done == cfg.steps:
             record("train_loss", loss_value, step, "train")
         if steps_done % cfg.val_every == 0 or steps_done == cfg.steps:
-            last_val = final_val_loss(model, batches, cfg.val_batches)
+            last_val = final_val_loss(model, batches, cfg.val_batches, cfg.micro_batch)
             record("val_loss", last_val, steps_done, "val")
             diverged = not math.isfinite(last_val)
         if progress is not None:

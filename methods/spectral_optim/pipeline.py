@@ -127,7 +127,7 @@ def evaluate(ctx: RunContext) -> None:
                                 f"re-train the run: icml spectral-optim train --resume {ctx.run.path}")
             state = load_checkpoint(path, map_location=ctx.device)
             model.load_state_dict(state["model_state"])
-            loss = final_val_loss(model, grid.batches, cfg.eval_val_batches)
+            loss = final_val_loss(model, grid.batches, cfg.eval_val_batches, cfg.micro_batch)
             final_rows.append({**RunSettings.of(cfg, variant, multiplier).tags(), "metric": "val_loss",
                                "value": loss, "step": state["steps_done"], "split": "val"})
             advance(1)

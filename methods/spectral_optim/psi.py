@@ -13,6 +13,7 @@ transforms a list of matrices of mixed shapes, one batched call per shape (the o
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -38,6 +39,21 @@ DAMPING_RELATIVE = 1e-4
 CONVERGED_RESIDUAL_PER_SQRT_EPS = 0.25
 
 SUPPORTED_POWERS = (1.0, 0.5, 0.25, 0.0)
+
+# Whether the coupled Newton iteration may stop a converged matrix early (a value-dependent branch);
+# `all_iterations()` turns it off for the plan (`icml spectral-optim plan`: no values on the meta device).
+_EARLY_STOP = [True]
+
+
+@contextlib.contextmanager
+def all_iterations():
+    """Inside: every matrix of the coupled Newton iteration runs its K steps, as the official code does (the
+    worst case of memory and FLOPs; results agree to round-off)."""
+    _EARLY_STOP.append(False)
+    try:
+        yield
+    finally:
+        _EARLY_STOP.pop()
 
 
 def shape_factor(rows: int, cols: int) -> float:
@@ -122,6 +138,8 @@ def coupled_newton_sqrt(X: torch.Tensor, iters: int = 15, damping: bool = True
             y, z = _symmetrise(y), _symmetrise(z)
         # I − Z·Y = 2(T − I), measured before this step; T is no longer needed, so T − I is
         # formed in place (on the diagonal only).
+        if not _EARLY_STOP[-1]:
+            continue
         t.diagonal(dim1=-2, dim2=-1).sub_(1.0)
         converged = 2.0 * torch.linalg.matrix_norm(t) < converged_residual
         if bool(converged.any()):
