@@ -69,7 +69,7 @@ class SimConfig:
     lr: float = 1e-3
     dkal: float = 0.05
     dkal_beta: float = 1.0
-    dkal_cost_cap: float = 10.0  # [S] token costs capped inside DKAL (deltasim.policy_loss; README)
+    dkal_cost_cap: float = 10.0  # [S] token costs capped inside DKAL (deltasim.policy_loss; NOTES.md)
     avoid_beta: float = 2.0
     avoid_margin: float = 0.2
     a_max: float = 6.0
@@ -125,11 +125,11 @@ def preset(name: str) -> DriveWorldConfig:
         cfg.rollout.max_steps = 300  # 0.2 km needs ≈ 200 steps: an ego stuck behind a stopped NPC ends there
         cfg.eval_samples, cfg.latency_repeats = 8, 2
         cfg.toy.steps, cfg.toy.samples = 100, 256
-    elif name == "default":  # calibrated to < 15 min of CPU on 2 cores (README: Default preset; cuts vs the spec)
+    elif name == "default":  # calibrated to < 15 min of CPU on 2 cores (NOTES.md: the default preset, its cuts against the spec)
         cfg.vae.steps = 600
         cfg.dit.steps, cfg.dit.batch_size = 400, 16  # MeanFlow step 0.37 CPU s at batch 16 (forward + JVP + backward)
         cfg.sim.steps = 600
-        cfg.rollout.n = 10  # 10 × 1 km per policy × start mode (spec: 20; ≈ 2.5 CPU s per km, README)
+        cfg.rollout.n = 10  # 10 × 1 km per policy × start mode (spec: 20; ≈ 2.5 CPU s per km, NOTES.md)
     elif name == "paper":
         cfg.vae.d, cfg.vae.blocks, cfg.vae.steps, cfg.vae.lane_latent, cfg.vae.agent_latent = 768, 3, 85_000, 24, 18
         cfg.dit.lane_d, cfg.dit.agent_d, cfg.dit.steps, cfg.dit.heads, cfg.dit.blocks = 2048, 512, 165_000, 16, 3
