@@ -20,6 +20,7 @@ depends on the config (a paper path beside CPU tiers) defines `no_gpu(cfg)`, "" 
 from __future__ import annotations
 
 import contextlib
+import gc
 import re
 import weakref
 from dataclasses import dataclass, field
@@ -275,11 +276,19 @@ def measure(step: Step, device: str = "meta", limit: float | None = None) -> dic
     tracker = Tracker(device, limit)
     flops = FlopCounterMode(display=False)
     stopped = None
+    # Python's cycle collector frees tensors held in reference cycles whenever it happens to run, which would
+    # make a peak depend on what ran before: off during the step, so such tensors count as held (the worst case)
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         with tracker, flops:
             step.run(tracker)
     except OverBudget as over:
         stopped = over.args[0]
+    finally:
+        if collecting:
+            gc.enable()
     row = {"phase": step.phase, "what": step.what, "peak_bytes": tracker.peak_bytes, "parts": tracker.parts_at_peak(),
            "flops": int(flops.get_total_flops()) // step.repeats, "largest_tensor": tracker.largest}
     if stopped is not None:

@@ -491,3 +491,31 @@ def test_qwen2_5_vl_checkpoint_runs_the_same_agent_and_glance_identities(tmp_pat
     for name, phi in snapshot(head.target).items():
         expected = alpha * target[name] + (1 - alpha) * online[name]
         torch.testing.assert_close(phi, expected, atol=2 * EPS32 * max(expected.abs().max().item(), 1.0), rtol=0)
+
+
+def test_micro_batches_give_the_whole_minibatch_step():
+    """ppo.micro_batch: the minibatch through forward/backward in parts, losses weighted by their share and
+    gradients accumulated (the alignment's too) before one step of each optimiser — the same update and logged
+    values as the whole minibatch at once, up to float32 summation order."""
+    from icml.methods.curious_agent.ppo import ppo_minibatch
+
+    results = []
+    for micro in (0, 4):
+        cfg, agent, glance = agent_and_glance("glance_lm_grad")
+        cfg.ppo.micro_batch = micro
+        frames, next_frames, tokens = turn_batch(agent, n=10)
+        g = torch.Generator().manual_seed(3)
+        mb = {"frames": frames, "next": next_frames, "tokens": tokens, "actions": torch.zeros(10, dtype=torch.long),
+              "logp": -torch.rand(10, len(SAMPLED), generator=g)}
+        adv, ret = torch.randn(10, len(SAMPLED), generator=g), torch.randn(10, len(SAMPLED), generator=g)
+        optimiser = torch.optim.Adam(agent.parameters(), lr=cfg.ppo.lr)
+        logged = ppo_minibatch(agent, optimiser, arm_spec("glance_lm_grad", cfg), cfg.ppo, mb, adv, ret, glance)
+        results.append((snapshot(agent), snapshot(glance.head), {k: float(v) for k, v in logged.items()}))
+    (agent_a, head_a, log_a), (agent_b, head_b, log_b) = results
+    for name in agent_a:
+        torch.testing.assert_close(agent_a[name], agent_b[name], rtol=1e-5, atol=1e-6, msg=name)
+    for name in head_a:
+        torch.testing.assert_close(head_a[name], head_b[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert log_a.keys() == log_b.keys() == {"explore_loss", "policy_entropy", "value_loss"}
+    for key in log_a:
+        assert log_a[key] == pytest.approx(log_b[key], rel=1e-5)

@@ -48,6 +48,9 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     reason_coef: float = 0.05  # r^reason = coef x mean slot accuracy of <obs> and <pred>
+    # turns per forward/backward inside a minibatch (gradients accumulated, one optimiser step): 0 = the whole
+    # minibatch at once; the VLM arms' activations at 256 turns need it on an 80 GB GPU (README, paper preset)
+    micro_batch: int = 0
 
 
 @dataclass
@@ -103,7 +106,7 @@ def preset(name: str) -> CuriousAgentConfig:
         cfg.warmup.lr = 3e-3
         cfg.env.max_steps = 50
     elif name == "default":
-        # calibrated on the shared 2-core machine (README, "Measured"): one update of 16 envs x 64
+        # calibrated on the shared 2-core machine (NOTES.md, "Measured"): one update of 16 envs x 64
         # turns costs ~1.2 CPU-s (ppo), ~1.9 (ppo_rnd), ~7 (a CoT arm), single-threaded; the spec's
         # 60k + 20k steps would take ~1 h of both cores, these budgets fit 15 min with 2 workers
         cfg.ppo.total_steps = 16_384
@@ -121,6 +124,7 @@ def preset(name: str) -> CuriousAgentConfig:
     elif name == "paper":
         cfg.ppo.total_steps = 500_000
         cfg.ppo.n_envs = 16
+        cfg.ppo.micro_batch = 32  # the plan: 256 turns at once hold ≈ 73 GB of activations (README)
         cfg.arms = list(IMPLEMENTED_ARMS)
         cfg.coverage.env_id = "MiniGrid-FourRooms-v0"
         cfg.coverage.total_steps = 100_000
@@ -167,6 +171,8 @@ def validate(cfg: CuriousAgentConfig) -> None:
                 "ppo.rollout": cfg.ppo.rollout, "ppo.epochs": cfg.ppo.epochs,
                 "ppo.minibatches": cfg.ppo.minibatches, "seeds": cfg.seeds,
                 "eval_episodes": cfg.eval_episodes, "warmup.batch": cfg.warmup.batch, "workers": cfg.workers}
+    if cfg.ppo.micro_batch < 0:
+        raise ValueError(f"ppo.micro_batch must be >= 0 (0: the whole minibatch), not {cfg.ppo.micro_batch}")
     for key, value in positive.items():
         if value <= 0:
             raise ValueError(f"{key} must be positive, not {value}")

@@ -86,11 +86,18 @@ class QwenVision(nn.Module):
         self.tower, self.processor = tower, processor
         self.side = int(round(n_tokens ** 0.5))
 
-    def forward(self, frames: torch.Tensor) -> torch.Tensor:  # [B,3,H,W] in [0,1] -> [B,side²,d_lm]
+    def patches(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The image processor's (CPU) output: pixel_values [B·patches, 3·2·14·14], image_grid_thw [B, 3] (1, h, w
+        patches per frame, the same for every frame), and the tower's precomputed inputs (none here; the plan,
+        methods/curious_agent/plan.py, passes the grid's position ids and window indices, which the meta device
+        cannot compute)."""
         inputs = self.processor(images=list(frames), do_rescale=False, return_tensors="pt")
-        grid = inputs["image_grid_thw"]  # [B, 3]: (1, h, w) patches per frame, the same for every frame
+        return inputs["pixel_values"], inputs["image_grid_thw"], {}
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:  # [B,3,H,W] in [0,1] -> [B,side²,d_lm]
+        pixels, grid, precomputed = self.patches(frames)
         device = next(self.tower.parameters()).device
-        merged = self.tower(inputs["pixel_values"].to(device, frames.dtype), grid_thw=grid.to(device)).pooler_output
+        merged = self.tower(pixels.to(device, frames.dtype), grid_thw=grid.to(device), **precomputed).pooler_output
         merge = self.tower.spatial_merge_size
         h, w = int(grid[0, 1]) // merge, int(grid[0, 2]) // merge
         tokens = merged.view(len(frames), h, w, -1).permute(0, 3, 1, 2)
@@ -176,6 +183,7 @@ class CoTAgent(nn.Module):
             masks[p, allowed] = 0.0
         self.register_buffer("masks", masks, persistent=False)  # constrained decoding, per template position
         self.action_ids = action_token_ids(n_actions)
+        self.host = torch.device("cpu")  # where the methods return their tensors (the plan keeps them on meta)
 
     @classmethod
     def from_pretrained(cls, path: str, visual_tokens: int = 4, n_actions: int = 5) -> "CoTAgent":
@@ -214,7 +222,8 @@ class CoTAgent(nn.Module):
     @property
     def device(self) -> torch.device:
         """Where the agent's weights are (the CPU for the tiny agent; `--device` for a `--model` VLM).
-        Its methods take and return CPU tensors: the environments, sampling and PPO's losses stay on the CPU."""
+        Its methods take and return CPU tensors (`host`): the environments, sampling and PPO's losses stay on the
+        CPU."""
         return self.masks.device
 
     def language_parameters(self) -> list[nn.Parameter]:
@@ -227,7 +236,8 @@ class CoTAgent(nn.Module):
         hidden = self.lm(inputs_embeds=embeds).last_hidden_state
         before = hidden[:, [self.n_visual + p - 1 for p in SAMPLED]]  # the state that chooses token p
         logits = self.lm_head(before) + self.masks[SAMPLED]
-        return logits.cpu(), self.value(before).squeeze(-1).cpu(), hidden[:, self.n_visual:].cpu()
+        host = self.host
+        return logits.to(host), self.value(before).squeeze(-1).to(host), hidden[:, self.n_visual:].to(host)
 
     @torch.no_grad()
     def generate(self, frames: torch.Tensor, greedy: bool = False, generator: torch.Generator | None = None):

@@ -196,12 +196,18 @@ def warmup(cfg, seed: int, device: str = "cpu") -> dict:
     optimiser = torch.optim.Adam(agent.parameters(), lr=cfg.warmup.lr)
     for _ in range(cfg.warmup.epochs):
         for idx in torch.randperm(len(frames)).split(cfg.warmup.batch):
-            logits, _, _ = agent.forward_turn(frames[idx], tokens[idx])
-            loss = F.cross_entropy(logits.flatten(0, 1), tokens[idx][:, SAMPLED].flatten())
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
+            warmup_step(agent, optimiser, frames[idx], tokens[idx])
     return cpu_state(agent)
+
+
+def warmup_step(agent: CoTAgent, optimiser, frames: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """One teacher-forced step: cross-entropy of the describer's turn tokens at the sampled positions."""
+    optimiser.zero_grad()  # first: the last step's gradients are not held through this forward
+    logits, _, _ = agent.forward_turn(frames, tokens)
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, SAMPLED].flatten())
+    loss.backward()
+    optimiser.step()
+    return loss
 
 
 # ---- the GLANCE learner -------------------------------------------------------------------------
@@ -234,7 +240,7 @@ class Glance:
                                F.one_hot(actions, self.n_actions).float().to(device)], -1)
         else:
             query = hidden[:, self.position].to(device)
-        return explore_loss(self.head.projector(query), self.head.target_feature(next_frames)).cpu()
+        return explore_loss(self.head.projector(query), self.head.target_feature(next_frames)).to(self.agent.host)
 
     def gradients(self, loss: torch.Tensor) -> tuple:
         """∂L_explore w.r.t. f_v and g_ψ only (Λ_ℓ too for `glance_lm_grad`): L back-propagates
@@ -387,39 +393,10 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None, 
         n = adv.shape[0]
         for _ in range(p.epochs):
             for idx in torch.randperm(n, generator=rng).split(max(1, n // p.minibatches)):
-                if spec.cot:
-                    logits, values, hidden = model.forward_turn(flat["frames"][idx], flat["tokens"][idx])
-                    dist = torch.distributions.Categorical(logits=logits)
-                    new_logp = dist.log_prob(flat["tokens"][idx][:, SAMPLED])
-                    entropy = dist.entropy()
-                else:
-                    logits, value, value_int = model(flat["frames"][idx])
-                    dist = torch.distributions.Categorical(logits=logits)
-                    new_logp, values = dist.log_prob(flat["actions"][idx])[:, None], value[:, None]
-                    entropy = dist.entropy()[:, None]
-                ratio = (new_logp - flat["logp"][idx]).exp()
-                a = adv[idx]
-                policy_loss = -torch.min(ratio * a, ratio.clamp(1 - p.clip, 1 + p.clip) * a).mean()
-                value_loss = (values - ret[idx]).pow(2).mean()
-                loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * entropy.mean()
-                if rnd is not None:
-                    errors = rnd.error(flat["next"][idx])
-                    keep = (torch.rand(len(idx), generator=rng) < 0.25).float()  # predictor on 25% of samples
-                    loss = loss + p.vf_coef * (value_int - returns_int[idx]).pow(2).mean() \
-                        + (errors * keep).sum() / keep.sum().clamp(min=1)
-                align_grads = None
-                if glance is not None and glance.active:  # both gradients at the same weights
-                    align = glance.loss(hidden, flat["next"][idx], flat["frames"][idx], flat["actions"][idx]).mean()
-                    align_grads = glance.gradients(align)
-                    stats["explore_loss"].append(float(align.detach()))
-                optimiser.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(model.parameters(), p.max_grad_norm)
-                optimiser.step()
-                if align_grads is not None:
-                    glance.step(align_grads)  # own optimiser and parameters, then the EMA of φ
-                stats["policy_entropy"].append(float(entropy.mean().detach()))
-                stats["value_loss"].append(float(value_loss.detach()))
+                logged = ppo_minibatch(model, optimiser, spec, p, {k: v[idx] for k, v in flat.items()}, adv[idx],
+                                       ret[idx], glance, rnd, returns_int[idx] if rnd is not None else None, rng)
+                for key, value in logged.items():
+                    stats[key].append(float(value))
         elapsed = time.perf_counter() - start
         metrics = {"policy_entropy": np.mean(stats["policy_entropy"]), "value_loss": np.mean(stats["value_loss"]),
                    "coverage": envs.coverage(), "sps": p.n_envs * p.rollout / elapsed}
@@ -452,6 +429,69 @@ def train_arm(cfg, arm: str, seed: int, warm_state: dict | None, progress=None, 
     if glance is not None:
         state["glance"] = cpu_state(glance.head)
     return rows, state, envs.visits
+
+
+def ppo_minibatch(model, optimiser, spec: ArmSpec, p, mb: dict, a: torch.Tensor, ret: torch.Tensor,
+                  glance: Glance | None = None, rnd: RND | None = None, returns_int: torch.Tensor | None = None,
+                  rng: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """One PPO minibatch step on the rollout rows `mb` (frames, tokens, logp, actions, next, …), their
+    whitened advantages `a` and returns `ret`: the clipped policy loss, the value loss and the entropy bonus
+    (RND's predictor and intrinsic value for ppo_rnd); for an active GLANCE arm the alignment gradients at the
+    same weights, applied after the policy's step by the alignment optimiser. With `p.micro_batch` > 0 the rows
+    go through forward and backward that many at a time, each part's losses weighted by its share of the rows
+    (the minibatch's means), gradients accumulated before the one step. Returns what the update logs (detached:
+    explore_loss, policy_entropy, value_loss)."""
+    rows = len(a)
+    size = p.micro_batch if 0 < p.micro_batch < rows else rows
+    optimiser.zero_grad()  # first: the last minibatch's gradients are not held through this forward
+    logged, align_grads = {}, None
+    for start in range(0, rows, size):
+        part = slice(start, min(rows, start + size))
+        share = (part.stop - part.start) / rows
+        loss, align, entropy, value_loss = _ppo_losses(
+            model, spec, p, {k: v[part] for k, v in mb.items()}, a[part], ret[part], glance, rnd,
+            returns_int[part] if returns_int is not None else None, rng)
+        if align is not None:  # both gradients at the same weights: no step before the last part
+            grads = glance.gradients(align * share if share < 1 else align)
+            align_grads = grads if align_grads is None else tuple(
+                g if total is None else total if g is None else total.add_(g) for total, g in zip(align_grads, grads))
+        (loss * share if share < 1 else loss).backward()
+        for key, value in (("explore_loss", align), ("policy_entropy", entropy), ("value_loss", value_loss)):
+            if value is not None:
+                value = value.detach() * share
+                logged[key] = value if key not in logged else logged[key] + value
+    nn.utils.clip_grad_norm_(model.parameters(), p.max_grad_norm)
+    optimiser.step()
+    if align_grads is not None:
+        glance.step(align_grads)  # own optimiser and parameters, then the EMA of φ
+    return logged
+
+
+def _ppo_losses(model, spec: ArmSpec, p, mb: dict, a, ret, glance, rnd, returns_int, rng):
+    """(PPO loss, L_explore or None, entropy, value loss), each a mean over the rows of `mb`."""
+    if spec.cot:
+        logits, values, hidden = model.forward_turn(mb["frames"], mb["tokens"])
+        dist = torch.distributions.Categorical(logits=logits)
+        new_logp = dist.log_prob(mb["tokens"][:, SAMPLED])
+        entropy = dist.entropy()
+    else:
+        logits, value, value_int = model(mb["frames"])
+        dist = torch.distributions.Categorical(logits=logits)
+        new_logp, values = dist.log_prob(mb["actions"])[:, None], value[:, None]
+        entropy = dist.entropy()[:, None]
+    ratio = (new_logp - mb["logp"]).exp()
+    policy_loss = -torch.min(ratio * a, ratio.clamp(1 - p.clip, 1 + p.clip) * a).mean()
+    value_loss = (values - ret).pow(2).mean()
+    loss = policy_loss + p.vf_coef * value_loss - p.ent_coef * entropy.mean()
+    if rnd is not None:
+        errors = rnd.error(mb["next"])
+        keep = (torch.rand(len(a), generator=rng) < 0.25).float()  # predictor on 25% of samples
+        loss = loss + p.vf_coef * (value_int - returns_int).pow(2).mean() \
+            + (errors * keep).sum() / keep.sum().clamp(min=1)
+    align = None
+    if glance is not None and glance.active:
+        align = glance.loss(hidden, mb["next"], mb["frames"], mb["actions"]).mean()
+    return loss, align, entropy.mean(), value_loss
 
 
 def _greedy_transitions(cfg, model: CoTAgent, n: int, env_seed: int):

@@ -143,6 +143,34 @@ def postprocess(c: torch.Tensor, cfg: DaveConfig) -> torch.Tensor:
 
 
 # the DAVE ladder ----------------------------------------------------------------------------------
+def sample_rows(n_images: int, n: int, side: tuple[int, int], chunk: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The rows of the sampled contributions: row r is image r % B, sample r // B; and the rows per
+    forward/backward chunk (dave.chunk at 32×32 px, fewer for larger inputs)."""
+    rows_image = torch.arange(n_images).repeat(n)
+    rows_sample = torch.arange(n).repeat_interleave(n_images)
+    return rows_image, rows_sample, max(1, chunk * 1024 // (side[0] * side[1]))
+
+
+def contribution_chunk(classifier: Classifier, x: torch.Tensor, targets: torch.Tensor, cfg: DaveConfig,
+                       alpha_max: float, generator: torch.Generator, levels: torch.Tensor, img: torch.Tensor,
+                       smp: torch.Tensor, warps: list | None = None) -> torch.Tensor:
+    """c for one chunk of rows (images `img`, samples `smp`): W_eff through a fresh warp and noise, times the
+    clean x. Call under `effective_mode`."""
+    if warps is None:
+        warp = random_warp(len(img), cfg, generator)
+    else:
+        chosen = [warps[int(s)] for s in smp]
+        warp = lambda v, chosen=chosen: torch.cat([w(v[i:i + 1]) for i, w in enumerate(chosen)])
+    noise = torch.randn((len(img),) + tuple(x.shape[1:]), generator=generator, dtype=torch.float32)
+    t = levels[smp]
+
+    def transform(v, warp=warp, t=t, noise=noise.to(x)):
+        warped = warp(v)
+        return add_noise(warped, t, noise) if alpha_max > 0 else warped
+
+    return input_gradient(classifier, x[img], targets[img], transform) * x[img]
+
+
 def sampled_contributions(classifier: Classifier, x: torch.Tensor, targets: torch.Tensor, cfg: DaveConfig,
                           alpha_max: float, generator: torch.Generator, warps: list | None = None) -> torch.Tensor:
     """c_s = W_eff(x; τ_s, t_s) ⊙ x for s < N: (N, B, C, H, W). W_eff is the gradient with respect to the clean
@@ -150,27 +178,13 @@ def sampled_contributions(classifier: Classifier, x: torch.Tensor, targets: torc
     the random warps, e.g. an explicit group for equivariance checks."""
     n = len(warps) if warps is not None else cfg.n_samples
     levels = noise_levels(n, alpha_max)
-    rows_image = torch.arange(len(x)).repeat(n)  # row r: image r % B, sample r // B
-    rows_sample = torch.arange(n).repeat_interleave(len(x))
+    rows_image, rows_sample, rows_per_chunk = sample_rows(len(x), n, tuple(x.shape[-2:]), cfg.chunk)
     out = torch.empty((n * len(x),) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    rows_per_chunk = max(1, cfg.chunk * 1024 // (x.shape[-1] * x.shape[-2]))  # fewer rows for larger inputs
     with effective_mode(classifier.model):
         for start in range(0, len(rows_image), rows_per_chunk):
             stop = min(len(rows_image), start + rows_per_chunk)
-            img, smp = rows_image[start:stop], rows_sample[start:stop]
-            if warps is None:
-                warp = random_warp(stop - start, cfg, generator)
-            else:
-                chosen = [warps[int(s)] for s in smp]
-                warp = lambda v, chosen=chosen: torch.cat([w(v[i:i + 1]) for i, w in enumerate(chosen)])
-            noise = torch.randn((stop - start,) + tuple(x.shape[1:]), generator=generator, dtype=torch.float32)
-            t = levels[smp]
-
-            def transform(v, warp=warp, t=t, noise=noise.to(x)):
-                warped = warp(v)
-                return add_noise(warped, t, noise) if alpha_max > 0 else warped
-
-            out[start:stop] = input_gradient(classifier, x[img], targets[img], transform) * x[img]
+            out[start:stop] = contribution_chunk(classifier, x, targets, cfg, alpha_max, generator, levels,
+                                                 rows_image[start:stop], rows_sample[start:stop], warps)
     return out.reshape(n, len(x), *x.shape[1:])
 
 

@@ -167,22 +167,44 @@ def order_pixels(maps: torch.Tensor, most_first: bool, generator: torch.Generato
     return by_jitter.gather(1, order)
 
 
-@torch.no_grad()
+CURVE_IMAGES = 128  # images per chunk of paths: 128 × (steps + 1) rows are whole predict() batches of 128
+
+
 def perturbation_curves(classifier, x: torch.Tensor, targets: torch.Tensor, maps: torch.Tensor, fill: torch.Tensor,
                         mode: str, steps: int, max_frac: float, generator: torch.Generator) -> np.ndarray:
     """Target softmax along a deletion (lerf | morf) or insertion path, (B, steps + 1). Deleted pixels take
-    `fill`'s values; insertion starts from `fill` and restores the most relevant pixels first."""
+    `fill`'s values; insertion starts from `fill` and restores the most relevant pixels first. The paths are
+    built CURVE_IMAGES images at a time (curve_chunk): at 224 px all of them would be (B, steps + 1) images."""
     b, c, h, w = x.shape
     order = order_pixels(maps, most_first=(mode != "lerf"), generator=generator)
+    rank = pixel_ranks(order)
     counts = np.round(np.linspace(0, max_frac, steps + 1) * h * w).astype(int)
-    rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(h * w, device=order.device).expand(b, -1).contiguous())
     start, end = (fill, x) if mode == "insertion" else (x, fill)
-    changed = rank[:, None, :] < torch.from_numpy(counts).to(rank)[None, :, None]  # (B, steps+1, HW)
-    changed = changed.reshape(b, steps + 1, 1, h, w).to(x.dtype)
+    parts = [curve_chunk(classifier, start[i:i + CURVE_IMAGES], end[i:i + CURVE_IMAGES], targets[i:i + CURVE_IMAGES],
+                         rank[i:i + CURVE_IMAGES], counts) for i in range(0, b, CURVE_IMAGES)]
+    return torch.cat(parts).double().cpu().numpy()
+
+
+def pixel_ranks(order: torch.Tensor) -> torch.Tensor:
+    """rank[b, p]: the position of pixel p in image b's order."""
+    b, n = order.shape
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(n, device=order.device).expand(b, -1).contiguous())
+    return rank
+
+
+@torch.no_grad()
+def curve_chunk(classifier, start: torch.Tensor, end: torch.Tensor, targets: torch.Tensor, rank: torch.Tensor,
+                counts: np.ndarray) -> torch.Tensor:
+    """(b, len(counts)) target probabilities of the paths from `start` to `end`: after k steps the counts[k]
+    first-ranked pixels take `end`'s values."""
+    b, c, h, w = start.shape
+    points = len(counts)
+    changed = rank[:, None, :] < torch.from_numpy(counts).to(rank)[None, :, None]  # (b, points, HW)
+    changed = changed.reshape(b, points, 1, h, w).to(start.dtype)
     paths = (start[:, None] * (1 - changed) + end[:, None] * changed).reshape(-1, c, h, w)
-    probs = classifier.predict(paths).reshape(b, steps + 1, -1)
-    return probs.gather(2, targets.reshape(b, 1, 1).expand(b, steps + 1, 1))[..., 0].double().cpu().numpy()
+    probs = classifier.predict(paths).reshape(b, points, -1)
+    return probs.gather(2, targets.reshape(b, 1, 1).expand(b, points, 1))[..., 0]
 
 
 def curve_auc(curves: np.ndarray, max_frac: float) -> np.ndarray:

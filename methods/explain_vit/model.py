@@ -124,6 +124,25 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def train_step(classifier: Classifier, opt, pixels: torch.Tensor, y: torch.Tensor, lr: float, grad_clip: float,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One AdamW step on a batch of [0, 1] pixels (on the model's device): a horizontal flip with p ½ (drawn on
+    the CPU stream), normalisation, cross-entropy, optional global-norm clipping. Returns (loss, logits)."""
+    flip = torch.rand(len(pixels), generator=generator) < 0.5
+    pixels = torch.where(flip.to(pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
+    x = classifier.normalise(pixels)
+    for group in opt.param_groups:
+        group["lr"] = lr
+    logits = classifier.logits(x)
+    loss = F.cross_entropy(logits, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(classifier.model.parameters(), grad_clip)
+    opt.step()
+    return loss, logits
+
+
 def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndarray, cfg: ExplainVitConfig,
                      seed: int, device: str, on_epoch=None, advance=None) -> None:
     """AdamW (lr 1e-3, wd 0.05 on weight matrices only), linear warm-up inside the cosine schedule, batch 128,
@@ -142,19 +161,10 @@ def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndar
         loss_sum, correct = 0.0, 0
         for i in range(0, len(order), cfg.train.batch_size):
             idx = order[i:i + cfg.train.batch_size]
-            pixels = x_all[idx]
-            flip = torch.rand(len(idx), generator=generator) < 0.5
-            pixels = torch.where(flip[:, None, None, None], pixels.flip(-1), pixels)
-            x, y = classifier.normalise(pixels.to(device)), y_all[idx].to(device)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, total, cfg.train.lr, cfg.train.warmup_steps)
-            logits = classifier.logits(x)
-            loss = F.cross_entropy(logits, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.train.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            opt.step()
+            y = y_all[idx].to(device)
+            loss, logits = train_step(classifier, opt, x_all[idx].to(device), y,
+                                      lr_at(step, total, cfg.train.lr, cfg.train.warmup_steps), cfg.train.grad_clip,
+                                      generator)
             loss_sum += loss.item() * len(idx)
             correct += int((logits.argmax(-1) == y).sum())
             step += 1

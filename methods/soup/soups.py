@@ -156,16 +156,24 @@ def fine_tune(encoder: nn.Module, head: nn.Linear, images: torch.Tensor, labels:
     order = batches(len(images), min(batch_size, len(images)), generator)
     for step in range(steps):
         index = next(order)
-        batch = random_affine(images[index].to(device), generator)  # torchrun: the global batch, then
-        loss = F.cross_entropy(model(distributed.shard(batch)), distributed.shard(labels[index]).to(device))
-        optimizer.zero_grad(set_to_none=True)  # this rank's equal slice of it
-        loss.backward()
-        distributed.average_gradients(model.parameters())  # as DDP's; without torchrun nothing
-        optimizer.step()
-        schedule.step()
+        loss = ft_step(model, optimizer, schedule, images[index].to(device), labels[index].to(device), generator)
         if step % log_every == 0 or step == steps - 1:
             curve.append((step, distributed.mean(float(loss.detach()))))
     return model.eval(), curve
+
+
+def ft_step(model: nn.Module, optimizer, schedule, images: torch.Tensor, labels: torch.Tensor,
+            generator: torch.Generator) -> torch.Tensor:
+    """One fine-tune step on a global batch (images and labels on the model's device): augment, this rank's
+    slice under torchrun, cross-entropy, backward, the ranks' gradient average, AdamW and the schedule."""
+    batch = random_affine(images, generator)  # torchrun: the global batch, then this rank's equal slice of it
+    loss = F.cross_entropy(model(distributed.shard(batch)), distributed.shard(labels))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(model.parameters())  # as DDP's; without torchrun nothing
+    optimizer.step()
+    schedule.step()
+    return loss
 
 
 # greedy soup ------------------------------------------------------------------------------------
@@ -210,11 +218,9 @@ def season_weights(module: nn.Module, states: list[dict], pool: torch.Tensor, ep
     """Label-free soup weights w = softmax(β): only β is trained (Adam, cosine lr → final_lr), through
     torch.func.functional_call of `module` (images → features) with the souped parameters, to minimise the neighbour
     entropy on unlabelled `pool`; returns the weights of the lowest-loss epoch and the epoch losses."""
-    from torch.func import functional_call
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    keys = [k for k, v in states[0].items() if torch.is_floating_point(v)]
-    stacked = {k: torch.stack([s[k] for s in states]).to(device) for k in keys}
+    stacked = stack_states(states, device)
     beta = torch.zeros(len(states), device=device, requires_grad=True)
     optimizer = torch.optim.Adam([beta], lr=lr)
     total = epochs * steps_per_epoch
@@ -226,19 +232,36 @@ def season_weights(module: nn.Module, states: list[dict], pool: torch.Tensor, ep
     for _ in range(epochs):
         epoch_loss = 0.0
         for _ in range(steps_per_epoch):
-            weights = beta.softmax(dim=0)
-            params = {k: torch.tensordot(weights, v, dims=1) for k, v in stacked.items()}
-            features = functional_call(module, params, (pool[next(order)].to(device),))
-            loss = neighbour_entropy(features, top_k, temperature)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+            loss = season_step(module, stacked, beta, optimizer, schedule, pool[next(order)].to(device), top_k,
+                               temperature)
             epoch_loss += float(loss.detach()) / steps_per_epoch
         losses.append(epoch_loss)
         if best is None or epoch_loss < best[0]:
             best = (epoch_loss, beta.detach().softmax(dim=0).cpu().tolist())
     return best[1], losses
+
+
+def stack_states(states: list[dict], device: str) -> dict:
+    """Every floating-point entry of the members' states stacked: {key: [members, *shape]} on `device`."""
+    keys = [k for k, v in states[0].items() if torch.is_floating_point(v)]
+    return {k: torch.stack([s[k] for s in states]).to(device) for k in keys}
+
+
+def season_step(module: nn.Module, stacked: dict, beta: torch.Tensor, optimizer, schedule, images: torch.Tensor,
+                top_k: int, temperature: float) -> torch.Tensor:
+    """One step of β: the softmax(β)-weighted soup of `stacked`, the neighbour entropy of its features on
+    `images` through torch.func.functional_call, backward into β alone, Adam and the schedule."""
+    from torch.func import functional_call
+
+    weights = beta.softmax(dim=0)
+    params = {k: torch.tensordot(weights, v, dims=1) for k, v in stacked.items()}
+    features = functional_call(module, params, (images,))
+    loss = neighbour_entropy(features, top_k, temperature)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    return loss
 
 
 # interpolation ------------------------------------------------------------------------------------------

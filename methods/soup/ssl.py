@@ -121,36 +121,56 @@ def ssl_loss(recipe: Recipe, model, head, images: torch.Tensor, generator: torch
     return mmcr_loss(u, w, local=bool(recipe.hp("local")))
 
 
-def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int, lr: float,
-         weight_decay: float, warmup_frac: float, seed: int, device: str, moco_momentum: float = 0.0,
-         moco_symmetric: bool = False, mae_augment: bool = True, log_every: int = 10):
-    """Start from a copy of the stock θ₀ and minimise the recipe's SSL loss on `pool` (unlabelled).
-    Returns (encoder θ_r, [(step, loss)]). MAE reuses (and trains) the stock's decoder; only the
-    encoder is kept."""
+def ssl_setup(recipe: Recipe, stock, steps: int, lr: float, weight_decay: float, warmup_frac: float, seed: int,
+              device: str, moco_momentum: float = 0.0):
+    """What one ingredient trains: a copy of the stock θ₀ on `device`, the projector g (None for mae), their
+    parameters, AdamW with its schedule, and MoCo's EMA key encoder (None unless momentum > 0)."""
     model = copy.deepcopy(stock).to(device).train().requires_grad_(True)  # position embeddings too (README)
     encoder = encoder_of(model)
     dim = encoder.config.hidden_size
     head = projector(dim, seed).to(device) if recipe.algo != "mae" else None
     params = list(model.parameters()) + (list(head.parameters()) if head is not None else [])
     optimizer, schedule = adamw(params, lr, weight_decay, steps, warmup_frac)
-    generator = torch.Generator().manual_seed(seed)
-    order = batches(len(pool), min(batch_size, len(pool)), generator)
     key_encoder = None
     if recipe.algo == "mocov3" and moco_momentum > 0:
         key_encoder = copy.deepcopy(encoder).requires_grad_(False)
+    return model, head, params, optimizer, schedule, key_encoder
+
+
+def ssl_step(recipe: Recipe, model, head, params, optimizer, schedule, images: torch.Tensor,
+             generator: torch.Generator, step: int, key_encoder=None, moco_momentum: float = 0.0,
+             moco_symmetric: bool = False, mae_augment: bool = True) -> torch.Tensor:
+    """One inter-training step on a batch of unlabelled `images` (on the model's device): the recipe's loss,
+    backward, the ranks' gradient average, AdamW and the schedule, MoCo's key EMA. Returns the loss."""
+    loss = ssl_loss(recipe, model, head, images, generator, step, key_encoder, moco_symmetric, mae_augment)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(params)  # torchrun: the global batch's gradient (see ssl_loss)
+    optimizer.step()
+    schedule.step()
+    if key_encoder is not None:
+        with torch.no_grad():
+            for k, q in zip(key_encoder.parameters(), encoder_of(model).parameters()):
+                k.mul_(moco_momentum).add_(q.detach(), alpha=1 - moco_momentum)
+    return loss
+
+
+def cook(recipe: Recipe, stock, pool: torch.Tensor, steps: int, batch_size: int, lr: float,
+         weight_decay: float, warmup_frac: float, seed: int, device: str, moco_momentum: float = 0.0,
+         moco_symmetric: bool = False, mae_augment: bool = True, log_every: int = 10):
+    """Start from a copy of the stock θ₀ and minimise the recipe's SSL loss on `pool` (unlabelled).
+    Returns (encoder θ_r, [(step, loss)]). MAE reuses (and trains) the stock's decoder; only the
+    encoder is kept."""
+    model, head, params, optimizer, schedule, key_encoder = ssl_setup(recipe, stock, steps, lr, weight_decay,
+                                                                      warmup_frac, seed, device, moco_momentum)
+    encoder = encoder_of(model)
+    generator = torch.Generator().manual_seed(seed)
+    order = batches(len(pool), min(batch_size, len(pool)), generator)
     curve = []
     for step in range(steps):
         images = pool[next(order)].to(device)
-        loss = ssl_loss(recipe, model, head, images, generator, step, key_encoder, moco_symmetric, mae_augment)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        distributed.average_gradients(params)  # torchrun: the global batch's gradient (see ssl_loss)
-        optimizer.step()
-        schedule.step()
-        if key_encoder is not None:
-            with torch.no_grad():
-                for k, q in zip(key_encoder.parameters(), encoder.parameters()):
-                    k.mul_(moco_momentum).add_(q.detach(), alpha=1 - moco_momentum)
+        loss = ssl_step(recipe, model, head, params, optimizer, schedule, images, generator, step, key_encoder,
+                        moco_momentum, moco_symmetric, mae_augment)
         if step % log_every == 0 or step == steps - 1:
             value = distributed.mean(float(loss.detach()))  # the global batch's: every rank stops alike
             if not math.isfinite(value):
