@@ -263,6 +263,33 @@ def cuda_attention(active: bool = True):
         F.scaled_dot_product_attention = fallback
 
 
+# The published configs of the paper models the language-model methods name (transformers' config keys): a plan
+# builds them on meta, so sizing Llama-3.1-8B or Qwen3-8B needs no checkpoint
+PAPER_LMS = {
+    "llama-3.1-8b": ("llama", dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                   num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                                   max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                                   tie_word_embeddings=False)),
+    "qwen3-8b": ("qwen3", dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                               head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
+                               rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+}
+
+
+def lm_config(model: str | None, name: str):
+    """The transformers config of the language model a plan sizes: the --model checkpoint's own (its headers,
+    through cli/checkpoints.py, no weights read), else the published config of PAPER_LMS[name]."""
+    from transformers import AutoConfig
+
+    if model:
+        from icml.cli import checkpoints
+
+        ckpt = checkpoints.resolve(model, weights=False)
+        return AutoConfig.from_pretrained(*ckpt.args(), **ckpt.kwargs())
+    family, sizes = PAPER_LMS[name]
+    return AutoConfig.for_model(family, **sizes)
+
+
 def torch_device_type(device) -> str:
     return str(device).split(":")[0]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from icml.cli.plan import Hardware, Step
+from icml.cli.plan import Hardware, Step, lm_config
 from icml.methods.kv_compress import compress as kv
 from icml.methods.kv_compress.evaluation import variant_spec, window_attentions
 from icml.methods.kv_compress.model import RaggedCache, extend, prefill
@@ -22,31 +22,16 @@ LAYOUT = "one process, one GPU (with --model; the tiny model trains under torchr
 OVERSIZE = ["plan_tokens=131072"]
 QUESTION_TOKENS = 16  # the question's tokens: the question-agnostic prefill stops before them
 
-# Llama-3.1-8B(-Instruct)'s published config (transformers' LlamaConfig keys)
-LLAMA_31_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                   intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072, rope_theta=500000.0,
-                   rms_norm_eps=1e-5, tie_word_embeddings=False)
-
-
 def hardware(preset: str) -> Hardware:
     return Hardware(1, 80e9)
 
 
 def _config(cfg):
-    """(transformers config, vocab) of the model the plan sizes."""
-    if cfg.model:
-        from transformers import AutoConfig
-
-        from icml.cli import checkpoints
-
-        ckpt = checkpoints.resolve(cfg.model, weights=False)
-        config = AutoConfig.from_pretrained(*ckpt.args(), **ckpt.kwargs())
-        return config, config.vocab_size
-    if cfg.plan_model == "llama-3.1-8b":
-        from transformers import LlamaConfig
-
-        return LlamaConfig(**LLAMA_31_8B), LLAMA_31_8B["vocab_size"]
-    return None, None
+    """(transformers config, vocab) of the model the plan sizes; (None, None): the tiny model."""
+    if not cfg.model and cfg.plan_model == "tiny":
+        return None, None
+    config = lm_config(cfg.model, cfg.plan_model)
+    return config, config.vocab_size
 
 
 def _model(cfg, tracker):

@@ -12,36 +12,22 @@ from __future__ import annotations
 
 import torch
 
-from icml.cli.plan import Hardware, Step
+from icml.cli.plan import Hardware, Step, lm_config
 from icml.methods.reason_stop.controller import AttentionRecorder, Session
 
 LAYOUT = "one process, one GPU (variants in `workers` processes, each with its own model)"
 OVERSIZE = ["max_new_tokens=262144"]
 PROMPT_TOKENS = 512  # a competition-math question in a chat template
 
-# Qwen3-8B's published config (transformers' Qwen3Config keys)
-QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-                rms_norm_eps=1e-6, tie_word_embeddings=False)
-
-
 def hardware(preset: str) -> Hardware:
     return Hardware(1, 80e9)
 
 
 def _config(cfg):
-    if cfg.model:
-        from transformers import AutoConfig
-
-        from icml.cli import checkpoints
-
-        ckpt = checkpoints.resolve(cfg.model, weights=False)
-        return AutoConfig.from_pretrained(*ckpt.args(), **ckpt.kwargs())
-    if cfg.plan_model == "qwen3-8b":
-        from transformers import Qwen3Config
-
-        return Qwen3Config(**QWEN3_8B)
-    return None
+    """The transformers config the plan sizes; None: the tiny model."""
+    if not cfg.model and cfg.plan_model == "tiny":
+        return None
+    return lm_config(cfg.model, cfg.plan_model)
 
 
 def _tiny(cfg, tracker):

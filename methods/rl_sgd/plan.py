@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from icml.cli.plan import Hardware, Step
+from icml.cli.plan import Hardware, Step, lm_config
 from icml.methods.rl_sgd.model import Prompts, _positions
 
 LAYOUT = "torchrun: one process per GPU, DDP over the completions (every process samples the whole rollout)"
@@ -24,12 +24,6 @@ OVERSIZE = ["max_new_tokens=4096"]
 PROMPT_TOKENS = 256  # a math problem in a chat template
 ARM_ORDER = ("adamw", "sft_adamw", "adam_nomomentum", "rmsprop", "muon", "sgd_momentum", "sgd", "sft_sgd",
              "sgd_bf16_master")  # the largest optimizer state first
-
-# Qwen3-8B's published config (transformers' Qwen3Config keys)
-QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-                rms_norm_eps=1e-6, tie_word_embeddings=False)
-
 
 def hardware(preset: str) -> Hardware:
     return Hardware(8, 80e9) if preset == "paper" else Hardware(1, 80e9)
@@ -50,17 +44,8 @@ def _model(cfg, tracker):
 def _policy(cfg, tracker):
     from transformers import AutoModelForCausalLM
 
-    if cfg.model:
-        from transformers import AutoConfig
-
-        from icml.cli import checkpoints
-
-        ckpt = checkpoints.resolve(cfg.model, weights=False)
-        config = AutoConfig.from_pretrained(*ckpt.args(), **ckpt.kwargs())
-    elif cfg.plan_model == "qwen3-8b":
-        from transformers import Qwen3Config
-
-        config = Qwen3Config(**QWEN3_8B)
+    if cfg.model or cfg.plan_model != "tiny":
+        config = lm_config(cfg.model, cfg.plan_model)
     else:
         from icml.methods.rl_sgd import task as tasks
         from icml.methods.rl_sgd.model import tiny_llama
