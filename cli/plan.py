@@ -327,7 +327,7 @@ def plan(method, cfg, hardware: Hardware | None, preset: str, stop_over_budget: 
     """The method's plan for `cfg` as one JSON-able object: per step and overall, against `hardware` (default:
     what the plan module names for the preset). `stop_over_budget`: a step stops as soon as it does not fit
     (a quick answer to "does it fit?"; its numbers are then lower bounds)."""
-    module = method.part("plan")
+    module = plan_module(method)
     reason = no_gpu(module, cfg)
     if reason:
         return {"method": method.name, "preset": preset, "no_gpu": reason, "fits": True}
@@ -398,6 +398,16 @@ def no_gpu(module, cfg) -> str:
     return module.no_gpu(cfg) if hasattr(module, "no_gpu") else ""
 
 
+def plan_module(method):
+    """methods/<m>/plan.py, or one line saying the method has none yet."""
+    import importlib.util
+
+    if importlib.util.find_spec(f"{method.package}.plan") is None:
+        raise UsageError(f"{method.name} has no plan yet: its steps are not sized",
+                         "its README's 'Paper preset' section says what the paper preset needs")
+    return method.part("plan")
+
+
 def default_hardware(method, preset: str) -> Hardware:
-    module = method.part("plan")
+    module = plan_module(method)
     return module.hardware(preset) if hasattr(module, "hardware") else Hardware(1, 80e9)
