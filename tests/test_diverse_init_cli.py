@@ -119,7 +119,12 @@ def test_claims_pin_every_tag_and_find_both_arms(run):
     at_tau_star = {(c.where["tier"], c.where["param"], c.metric) for c in CLAIMS
                    if c.a == {"variant": "divin", "tau_frac": 1.0, "k_steps": 1} and c.b == "base"}
     assert at_tau_star == {(t, p, m) for t in ("gmm", "digits") for p in ("eps", "flow") for m in ("vendi", "inbatch_sim")}
+    swept = [c for c in CLAIMS if c.where["tier"] == "digits" and c.a["tau_frac"] != 1.0]
+    assert {(c.where["param"], c.metric, c.a["tau_frac"]) for c in swept} == \
+        {(p, m, 8.0) for p in ("eps", "flow") for m in ("vendi", "inbatch_sim")}
     for claim in CLAIMS:
+        if claim in swept:  # TINY sets digits.tau_sweep=false (time): no digits rows away from τ*
+            continue
         for arm in (claim.a, claim.b):
             rows = frame[(frame["phase"] == claim.phase) & (frame["metric"] == claim.metric)]
             for column, value in {**claim.where, **(arm if isinstance(arm, dict) else {"variant": arm})}.items():

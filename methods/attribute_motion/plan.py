@@ -123,7 +123,7 @@ def _labels(space, n, device):
 
 def _attribute(cfg):
     def run(tracker):
-        with _sigma_by_arithmetic(), cuda_attention(cfg.backend == "wan" and tracker.device == "meta"):
+        with _sigma_by_arithmetic(), cuda_attention(tracker.device == "meta"):
             _attribute_step(cfg, tracker)
     return run
 
@@ -156,7 +156,7 @@ def _attribute_step(cfg, tracker):
 
 def _finetune(cfg):
     def run(tracker):
-        with _sigma_by_arithmetic(), cuda_attention(cfg.backend == "wan" and tracker.device == "meta"):
+        with _sigma_by_arithmetic(), cuda_attention(tracker.device == "meta"):
             _finetune_step(cfg, tracker)
     return run
 
@@ -180,7 +180,7 @@ def _finetune_step(cfg, tracker):
 
 def _generate(cfg):
     def run(tracker):
-        with _sigma_by_arithmetic(), cuda_attention(cfg.backend == "wan" and tracker.device == "meta"):
+        with _sigma_by_arithmetic(), cuda_attention(tracker.device == "meta"):
             _generate_step(cfg, tracker)
     return run
 

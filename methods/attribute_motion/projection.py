@@ -81,7 +81,7 @@ class Fastfood:
         ff = cls.__new__(cls)
         ff.n, ff.dim, ff.n_pad = n, dim, next_pow2(n)
         ff.signs = torch.empty(ff.n_pad, dtype=torch.int8, device=device)
-        ff.perm = torch.empty(ff.n_pad, dtype=torch.int32, device=device)
+        ff.perm = torch.zeros(ff.n_pad, dtype=torch.int32, device=device)  # a valid index: a CPU run reads it
         ff.gauss = torch.empty(ff.n_pad, device=device)
         ff.scale, ff.rows = None, torch.zeros(dim, dtype=torch.long, device=device)
         ff.row_scale = torch.empty(dim, device=device)
