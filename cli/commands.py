@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -40,6 +41,9 @@ def guarded(fn: Callable) -> Callable:
             if as_json and exc.code == 130:
                 console.emit_json({"status": "interrupted", "error": "interrupted", "fix": None, "exit_code": 130})
             raise
+        except BrokenPipeError:  # `icml list | head`: the reader has gone, nothing failed here
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush is quiet too
+            raise SystemExit(0) from None
         except MemoryError:
             raise
         except Exception as exc:  # an unexpected failure: still one line unless --debug

@@ -117,3 +117,13 @@ def test_wheel_holds_one_icml_namespace(tmp_path):
         sources = sorted(p.name for p in (REPO / "methods" / folder).glob("*.py"))
         assert all(f"icml/methods/{folder}/{s}" in names for s in sources)
     assert not any(n.startswith(("cli/", "methods/", "data/", "reports/", "tests/")) for n in names)
+
+
+def test_a_listing_whose_reader_has_gone_ends_quietly():
+    """`icml list | head -1`: the reader closes the pipe before icml writes; icml ends with 0 and says nothing
+    (it used to print a BrokenPipeError line and exit 1)."""
+    proc = subprocess.Popen([sys.executable, "-m", "icml.cli.main", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.close()  # before the import and the listing are done: every write meets a closed pipe
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == b"", err.decode()
