@@ -121,10 +121,11 @@ def _labels(space, n, device):
     return torch.full((n,), NULL_PROMPT, device=device)
 
 
-def _attribute(cfg):
+def _planned(step, cfg):
+    """A step as the plan runs it: the scheduler's σ by arithmetic, attention as CUDA runs it on meta."""
     def run(tracker):
         with _sigma_by_arithmetic(), cuda_attention(tracker.device == "meta"):
-            _attribute_step(cfg, tracker)
+            step(cfg, tracker)
     return run
 
 
@@ -154,13 +155,6 @@ def _attribute_step(cfg, tracker):
     block.finish()
 
 
-def _finetune(cfg):
-    def run(tracker):
-        with _sigma_by_arithmetic(), cuda_attention(tracker.device == "meta"):
-            _finetune_step(cfg, tracker)
-    return run
-
-
 def _finetune_step(cfg, tracker):
     base, shape, _ = _space(cfg, tracker)
     space = base.with_model(copy.deepcopy(base.model))  # finetune_and_generate: the arm's copy of the denoiser
@@ -176,13 +170,6 @@ def _finetune_step(cfg, tracker):
         x0, w = torch.randn(b, *shape, device=dev), torch.ones(b, *shape, device=dev)
         t = torch.full((b,), 500.0, device=dev)
         fm_step(space, params, opt, x0, w, _labels(space, b, dev), t, torch.randn(b, *shape, device=dev))
-
-
-def _generate(cfg):
-    def run(tracker):
-        with _sigma_by_arithmetic(), cuda_attention(tracker.device == "meta"):
-            _generate_step(cfg, tracker)
-    return run
 
 
 def _generate_step(cfg, tracker):
@@ -213,8 +200,9 @@ def steps(cfg, processes: int) -> list[Step]:
     where = (f"{cfg.clips.frames} frames × {cfg.clips.size} px" +
              (" (Wan2.1-T2V-1.3B, float32)" if cfg.backend == "wan" else " (stacked-frame UNet)"))
     return [Step("attribute", f"one clip's masked FM gradient ({cfg.attr.draws} draw) → Fastfood D = {cfg.attr.dim} "
-                              f"+ exact-cosine Gram, {where}", _attribute(cfg)),
-            Step("train", f"one fine-tuning AdamW step, batch {cfg.finetune.batch_size}, {where}", _finetune(cfg),
+                              f"+ exact-cosine Gram, {where}", _planned(_attribute_step, cfg)),
+            Step("train", f"one fine-tuning AdamW step, batch {cfg.finetune.batch_size}, {where}",
+                 _planned(_finetune_step, cfg),
                  repeats=2),
             Step("eval", f"one CFG generation step of {min(GEN_BATCH if cfg.backend == 'wan' else 64, cfg.eval.n_videos)}"
-                         f" videos (+ VAE decode on Wan) and a held-out loss batch, {where}", _generate(cfg))]
+                         f" videos (+ VAE decode on Wan) and a held-out loss batch, {where}", _planned(_generate_step, cfg))]
