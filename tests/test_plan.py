@@ -19,6 +19,10 @@ PLANNED = [name for name, package in registry.METHODS.items() if importlib.util.
 # What the paper-plan test sizes, where the whole preset costs minutes on the meta device: the settings that
 # bound its memory (the test says which)
 PAPER_TEST_SET = {"latent-thought": ["arms=vanilla_2x,ponderlm2_k2"]}
+# Steps whose CPU kernels are not the ones a GPU (or the meta device) runs, left out of the smoke-vs-CPU test: ATen's
+# GRU layer on the CPU projects every time step's input at once (RNN.cpp, CPU only; the meta device steps it as
+# CUDA's non-cuDNN path does), 8 % more peak in belief-filter's gru update. Its meta step runs in the paper test.
+SMOKE_CPU_SET = {"belief-filter": ["arms=obs_only,lof_belief,lof_logits,alf,deep_alf,diag_lrnn"]}
 
 
 def _cfg(name: str, preset: str, overrides=()):
@@ -111,6 +115,10 @@ def test_gpu_mem_parsing():
             planning.parse_mem(bad)
 
 
+def test_every_method_has_a_plan():
+    assert PLANNED == list(registry.METHODS), set(registry.METHODS) - set(PLANNED)
+
+
 @pytest.mark.parametrize("name", PLANNED)
 def test_paper_plan_against_its_hardware(name):
     """The paper preset's plan on the hardware the README names fits, or the plan module says why not (and the
@@ -142,7 +150,7 @@ def test_smoke_plan_agrees_with_the_cpu(name):
     within 10 %: torch's FLOP formulas for the two attention kernels differ (5.1 % of attribute-motion's smoke
     fine-tuning step, a UNet whose cost is mostly attention; 0 for a plan without fused attention). The plan's
     shapes are the run's."""
-    method, cfg = _cfg(name, "smoke")
+    method, cfg = _cfg(name, "smoke", SMOKE_CPU_SET.get(name, []))
     module = method.part("plan")
     if planning.no_gpu(module, cfg):
         pytest.skip(f"{name}'s smoke preset has no GPU part: {planning.no_gpu(module, cfg)}")

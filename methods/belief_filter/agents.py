@@ -42,9 +42,12 @@ def alf_delta(eps: float, alf_lambda: float) -> float:
 
 
 def memory_inputs(obs: torch.Tensor, prev_action: torch.Tensor, n_obs: int) -> torch.Tensor:
-    """[one-hot obs, one-hot previous action]; NO_ACTION (reset) is the all-zero action part."""
-    action_part = F.one_hot(prev_action, N_ACTIONS + 1)[..., :N_ACTIONS]
-    return torch.cat([F.one_hot(obs, n_obs), action_part], dim=-1).to(DTYPE)
+    """[one-hot obs, one-hot previous action]; NO_ACTION (reset) is the all-zero action part. Rows of identity
+    matrices rather than F.one_hot: made in DTYPE at once, and the same kernels on every device (one_hot's meta
+    kernel is not CPU's and CUDA's, so `icml belief-filter plan` would size other temporaries)."""
+    obs_part = torch.eye(n_obs, dtype=DTYPE, device=obs.device)[obs]
+    action_part = torch.eye(N_ACTIONS + 1, N_ACTIONS, dtype=DTYPE, device=obs.device)[prev_action]  # last row 0
+    return torch.cat([obs_part, action_part], dim=-1)
 
 
 class FeatureModule(nn.Module):

@@ -61,6 +61,17 @@ class EpisodeBatch:
         return int(self.length.sum())
 
 
+def act(agent: Agent, state: torch.Tensor, obs: torch.Tensor, prev_action: torch.Tensor,
+        generator: torch.Generator | None):
+    """One step of the policy in every env: the memory takes the observation, the heads read its features, an
+    action is sampled. Returns (state, features, action, log π(action), value)."""
+    state, features = agent.memory.step(state, obs, prev_action)
+    logits, value = agent.heads(features)
+    log_probs = F.log_softmax(logits, dim=-1)
+    action = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+    return state, features, action, log_probs.gather(-1, action[:, None]).squeeze(-1), value
+
+
 @torch.no_grad()
 def collect_episodes(agent: Agent, env: RingWorld, min_steps: int,
                      generator: torch.Generator) -> EpisodeBatch:
@@ -77,13 +88,9 @@ def collect_episodes(agent: Agent, env: RingWorld, min_steps: int,
     columns = {k: [] for k in ("obs", "prev_action", "action", "log_prob", "value", "reward",
                                "position", "features", "active", "tau", "ordinal", "terminal")}
     while bool(active.any()):
-        state, features = memory.step(state, obs, prev_action)
-        logits, value = agent.heads(features)
-        log_probs = F.log_softmax(logits, dim=-1)
-        action = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
+        state, features, action, log_prob, value = act(agent, state, obs, prev_action, generator)
         for key, val in (("obs", obs), ("prev_action", prev_action), ("action", action),
-                         ("log_prob", log_probs.gather(-1, action[:, None]).squeeze(-1)),
-                         ("value", value), ("position", env.position), ("features", features),
+                         ("log_prob", log_prob), ("value", value), ("position", env.position), ("features", features),
                          ("active", active), ("tau", env.t), ("ordinal", episode_ordinal)):
             columns[key].append(val)
 
@@ -167,11 +174,18 @@ def ppo_loss(agent: Agent, batch: EpisodeBatch, table: torch.Tensor, episodes: t
              cfg: BeliefFilterConfig) -> torch.Tensor:
     """Clipped-surrogate PPO loss on a group of whole episodes."""
     horizon = int(batch.length[episodes].max())
-    mask = batch.mask[:horizon, episodes]
-    rows = table[:horizon, episodes][mask]
+    real = batch.mask[:horizon, episodes].nonzero(as_tuple=True)  # (τ, episode) of every real step, in mask order
+    return surrogate_loss(agent, table[:horizon, episodes], batch.obs[:horizon, episodes],
+                          batch.prev_action[:horizon, episodes], real, cfg)
+
+
+def surrogate_loss(agent: Agent, table: torch.Tensor, obs: torch.Tensor, prev_action: torch.Tensor,
+                   real: tuple[torch.Tensor, torch.Tensor], cfg: BeliefFilterConfig) -> torch.Tensor:
+    """The loss on padded (T, N) episodes whose real steps are at `real` (index tensors, so that the loss itself
+    has no data-dependent shapes: `icml belief-filter plan` runs it on the meta device)."""
+    rows = table[real]
     if agent.memory.learned:  # replay the memory from the reset, with gradient
-        features = agent.memory.sequence(batch.obs[:horizon, episodes],
-                                         batch.prev_action[:horizon, episodes])[mask]
+        features = agent.memory.sequence(obs, prev_action)[real]
     else:
         features = rows[:, 4:]
     action, old_log_prob, adv, target = rows[:, 0].long(), rows[:, 1], rows[:, 2], rows[:, 3]

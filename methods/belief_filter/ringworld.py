@@ -146,7 +146,11 @@ class RingWorld:
         self.generator = generator
         device = model.E.device
         self.device = device
-        self._start_positions = torch.nonzero(model.pi0 > 0).squeeze(-1)
+        # the support of pi0 (the non-terminal positions), from the labels rather than from pi0's values: no
+        # device-to-host read on a GPU, and it builds on the meta device of `icml belief-filter plan`
+        terminal = {label_to_index(s) for s in GOAL_LABELS + TRAP_LABELS}
+        self._start_positions = torch.tensor([i for i in range(model.n_positions) if i not in terminal],
+                                             dtype=torch.long, device=device)
         self._emission_cdf = model.E.T.cumsum(dim=-1)  # (n, m): row i is the CDF of o given s=i
         self.position = torch.zeros(n_envs, dtype=torch.long, device=device)
         self.t = torch.zeros(n_envs, dtype=torch.long, device=device)  # actions taken this episode
