@@ -141,19 +141,20 @@ def preset(name: str) -> DiverseInitConfig:
     cfg = DiverseInitConfig()
     if name == "smoke":
         cfg.variants = ["base", "divin"]
-        cfg.gmm.steps = 1_000
+        # a plumbing check within the 60 s smoke budget (train + eval + report on 2 cores, `make bench`)
+        cfg.gmm.steps = 500
         cfg.gmm.n_per_class = 200
         cfg.gmm.seeds = 1
         cfg.gmm.sample_steps = 10
         cfg.gmm.cfg_scales = [4.0]
         cfg.gmm.k_steps = [1]
-        cfg.gmm.n_ref = 2_000
-        cfg.digits.steps = 40  # the spec's 100: the UNet costs ~0.3 s a step on one core even at batch 16
+        cfg.gmm.n_ref = 1_000
+        cfg.digits.steps = 25  # the spec's 100: the UNet costs ~0.3 s a step on one core even at batch 16
         cfg.digits.batch_size = 16
         cfg.digits.n_per_class = 8
         cfg.digits.sample_steps = 10
         cfg.digits.cfg_scales = [4.0]
-        cfg.digits.clf_steps = 150
+        cfg.digits.clf_steps = 100
         cfg.digits.tau_sweep = False
         cfg.divin.calib_noises = 32
     elif name == "default":  # the spec's digits budget (1.5k steps × 128, 32/class, 25 steps) is ~4× the 15 min on 2 cores
