@@ -18,7 +18,7 @@ import pandas as pd
 from . import config as config_io
 from . import console
 from .errors import IcmlError, UsageError
-from .method import PRESETS, Method
+from .method import Method
 from .results import append_metrics, drop_metrics, metrics_schema, read_metrics, write_frame
 from .runstore import Run, RunStore
 
@@ -155,8 +155,8 @@ def resolve_config(method: Method, preset: str | None, seed: int | None, config_
             raise UsageError(f"config file '{config_file}' is for {defaults['method']}, not {method.name}",
                              f"use 'icml {defaults['method']} train --config …'")
     preset = preset or defaults.get("preset") or "default"
-    if preset not in PRESETS:
-        raise UsageError(f"unknown preset '{preset}'", f"use one of {', '.join(PRESETS)}")
+    if preset not in method.preset_names():
+        raise UsageError(f"unknown preset '{preset}'", f"use one of {', '.join(method.preset_names())}")
     seed = seed if seed is not None else int(defaults.get("seed", 0))
     cfg = method.preset(preset)
     if tree:
@@ -189,7 +189,7 @@ def check_inputs(method: Method, cfg: Any) -> None:
 def config_from_run(method: Method, run: Run) -> tuple[Any, str, int]:
     record = run.config_record()
     preset = record.get("preset", "default")
-    cfg = method.preset(preset if preset in PRESETS else "default")
+    cfg = method.preset(preset if preset in method.preset_names() else "default")
     config_io.apply_tree(cfg, record.get("config", {}), f"{run.config_path}")
     return cfg, preset, int(record.get("seed", 0))
 

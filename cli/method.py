@@ -112,6 +112,8 @@ class Method:
     # then refuses, since copies of one run would pass for seeds. Otherwise the run seed must reach every
     # random choice of the method (data, injection, partition, init) — tests/test_seeds.py checks it.
     deterministic: str = ""
+    # Presets beyond smoke/default/paper that the method's `preset(name)` knows (e.g. ("real",)).
+    presets: tuple[str, ...] = ()
     preset_times: dict[str, str] = field(default_factory=dict)  # preset -> measured time on 2 cores, e.g. "≈ 40 s"
     # What the method's measured verdicts say of the paper at our scale: reproduced (the paper's headline claims
     # hold) | partly (some hold) | not at this scale (none shown). `icml list` prints it; the top README's
@@ -133,6 +135,10 @@ class Method:
 
     def part(self, name: str) -> ModuleType:
         return importlib.import_module(f"{self.package}.{name}")
+
+    def preset_names(self) -> tuple[str, ...]:
+        """smoke, default, paper and the method's own presets."""
+        return PRESETS + tuple(p for p in self.presets if p not in PRESETS)
 
     def better(self, metric: str) -> str | None:
         return self.metrics.get(metric)

@@ -7,7 +7,7 @@ import typer
 from icml.cli import console
 from icml.cli.commands import check_format, guarded, report_runs, store
 from icml.cli.errors import UsageError
-from icml.cli.method import PRESETS, Method
+from icml.cli.method import Method
 from icml.cli.options import (ConfigFile, DataFile, Debug, Device, Format, GpuMem, Gpus, Group, Json, ModelDir, Out, Preset,
                               PresetOfRuns, Quiet, Resume, RunDir, RunDirs, RunsDir, Seed, Seeds, SeedsOfGroup,
                               SeedWorkers, Set, parse_seeds)
@@ -81,7 +81,7 @@ def train_epilog(method: Method) -> str:
 
     from icml.cli import config as config_io
 
-    presets = ", ".join(f"{p} ({method.preset_times[p]})" if p in method.preset_times else p for p in PRESETS)
+    presets = ", ".join(f"{p} ({method.preset_times[p]})" if p in method.preset_times else p for p in method.preset_names())
     lines = [f"Presets (times measured on 2 CPU cores): {presets}; without --preset: default.", ""]
     inputs = inputs_of(method)
     for name, meaning in inputs.items():

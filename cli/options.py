@@ -15,7 +15,7 @@ def runs_dir_default() -> Path:
 
 
 Preset = Annotated[Optional[str], typer.Option(
-    "--preset", help="smoke | default | paper (default: default, or the --config file's).",
+    "--preset", help="smoke | default | paper, or one of the method's own (its train --help lists them; default: default, or the --config file's).",
     show_default=False)]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Run seed (default: 0, or the --config file's).",
                                               show_default=False)]

@@ -229,3 +229,39 @@ def load_folder(folder: str | Path, size: int, classes: list[str]) -> ImageSet:
     return ImageSet(np.stack(images).astype(np.float32), np.array(ys, dtype=np.int64),
                     np.stack(masks) if has_masks else None,
                     np.stack(boxes).astype(np.int64) if has_boxes else None, [p.stem for p in files])
+
+
+# Fashion-MNIST (the real preset) ----------------------------------------------------------------------
+def fashion_mnist(path: str | None, seed: int, n_train: int, n_val: int, n_test: int,
+                  foreground: float = 0.05) -> dict[str, ImageSet]:
+    """Fashion-MNIST through the project's loader (`data/idx.py`: Debian's package when `path` is None) as
+    ImageSets of grey replicated to RGB: train (the first n_train of the seeded stratified rest of train), val (a
+    seeded stratified n_val of train: the α_max montages), test (the first n_test t10k images) and montage (the
+    other t10k images, cells of the test montages, never explained singly). Fashion-MNIST has no annotated objects:
+    the mask is the silhouette, pixel > `foreground` (the background is black), and the box its tight box.
+    Train images are a torch view expanded to 3 channels (no copy of 55k × 3 channels; `train_classifier` takes
+    it), without masks."""
+    from icml.data.idx import fashion_mnist_splits
+
+    splits = fashion_mnist_splits(path, val=n_val, seed=seed)
+    train, val, test = splits["train"], splits["val"], splits["test"]
+
+    def image_set(images, labels, name: str, index: np.ndarray, masks: bool = True) -> ImageSet:
+        ids = [f"{name}{i:05d}" for i in index]
+        if not masks:
+            return ImageSet(images.expand(-1, 3, -1, -1), labels.numpy().astype(np.int64), None, None, ids)
+        grey = images.numpy()  # (n, 1, 28, 28) float32 in [0, 1]
+        mask = grey[:, 0] > foreground
+        cols, rows = mask.any(1), mask.any(2)  # (n, W), (n, H): a column / row holds foreground
+        side = mask.shape[1] - 1
+        first = lambda a: np.where(a.any(1), a.argmax(1), 0)  # noqa: E731 — an empty mask's box is the image
+        last = lambda a: np.where(a.any(1), side - a[:, ::-1].argmax(1), side)  # noqa: E731
+        boxes = np.stack([first(cols), first(rows), last(cols), last(rows)], 1).astype(np.int64)
+        return ImageSet(np.repeat(grey, 3, axis=1), labels.numpy().astype(np.int64), mask, boxes, ids)
+
+    n_train = min(n_train, len(train))
+    rest = np.arange(n_test, len(test))
+    return {"train": image_set(train.images[:n_train], train.labels[:n_train], "train", np.arange(n_train), False),
+            "val": image_set(val.images, val.labels, "val", np.arange(len(val))),
+            "test": image_set(test.images[:n_test], test.labels[:n_test], "t10k-", np.arange(n_test)),
+            "montage": image_set(test.images[n_test:], test.labels[n_test:], "t10k-", rest)}

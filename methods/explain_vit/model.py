@@ -43,15 +43,17 @@ class Classifier:
         return torch.cat([self.logits(x[i:i + batch]).softmax(-1) for i in range(0, len(x), batch)])
 
 
-def build_toy(cfg: ExplainVitConfig, seed: int) -> nn.Module:
+def build_toy(cfg: ExplainVitConfig, seed: int, classes: list[str] | None = None) -> nn.Module:
+    """The toy ViTForImageClassification (eager attention) for `classes` (default: the synthetic shapes)."""
     from transformers import ViTConfig, ViTForImageClassification
 
+    classes = list(CLASSES if classes is None else classes)
     torch.manual_seed(seed)
     config = ViTConfig(image_size=cfg.data_cfg.image_size, patch_size=cfg.vit.patch_size, num_channels=3,
                        hidden_size=cfg.vit.hidden_size, num_hidden_layers=cfg.vit.layers,
                        num_attention_heads=cfg.vit.heads, intermediate_size=cfg.vit.intermediate_size,
-                       hidden_act="gelu", num_labels=len(CLASSES), attn_implementation="eager",
-                       id2label=dict(enumerate(CLASSES)), label2id={c: i for i, c in enumerate(CLASSES)})
+                       hidden_act="gelu", num_labels=len(classes), attn_implementation="eager",
+                       id2label=dict(enumerate(classes)), label2id={c: i for i, c in enumerate(classes)})
     model = ViTForImageClassification(config)
     if cfg.train.patch_init == "conv_default":
         # PyTorch's Conv2d init (kaiming-uniform, bound 1/√fan_in) instead of transformers' N(0, 0.02): ≈ 4× larger
@@ -124,12 +126,31 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def zoom_out(pixels: torch.Tensor, p: float, min_scale: float, generator: torch.Generator) -> torch.Tensor:
+    """Each image, with probability p, shrunk by a scale s ~ U(min_scale, 1) and placed at a uniform position that
+    keeps it inside, on black (zero pixels): torchvision's RandomZoomOut for a black background, so the model
+    also knows objects of half size in any quadrant — what a downscaled 2×2 montage shows it. Bilinear
+    (`affine_grid` / `grid_sample`, zero padding); the draws come from the CPU stream."""
+    u = torch.rand(len(pixels), 4, generator=generator, dtype=torch.float64)
+    scale = torch.where(u[:, 0] < p, min_scale + u[:, 1] * (1 - min_scale), torch.ones_like(u[:, 1]))
+    offset = (2 * u[:, 2:] - 1) * (1 - scale)[:, None]  # normalised centre of the shrunk image, inside the frame
+    theta = torch.zeros(len(pixels), 2, 3, dtype=torch.float64)  # output → input: (out − offset) / scale
+    theta[:, 0, 0] = theta[:, 1, 1] = 1 / scale
+    theta[:, :, 2] = -offset / scale[:, None]
+    grid = F.affine_grid(theta.float().to(pixels.device), list(pixels.shape), align_corners=False)
+    shrunk = F.grid_sample(pixels, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return torch.where((u[:, 0] < p).to(pixels.device)[:, None, None, None], shrunk, pixels)  # the others untouched
+
+
 def train_step(classifier: Classifier, opt, pixels: torch.Tensor, y: torch.Tensor, lr: float, grad_clip: float,
-               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+               generator: torch.Generator, zoom: tuple[float, float] = (0.0, 1.0)) -> tuple[torch.Tensor, torch.Tensor]:
     """One AdamW step on a batch of [0, 1] pixels (on the model's device): a horizontal flip with p ½ (drawn on
-    the CPU stream), normalisation, cross-entropy, optional global-norm clipping. Returns (loss, logits)."""
+    the CPU stream), with zoom = (p, min_scale) and p > 0 a zoom-out (`zoom_out`), normalisation, cross-entropy,
+    optional global-norm clipping. Returns (loss, logits)."""
     flip = torch.rand(len(pixels), generator=generator) < 0.5
     pixels = torch.where(flip.to(pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
+    if zoom[0] > 0:  # nothing drawn otherwise: runs without it keep their random stream
+        pixels = zoom_out(pixels, zoom[0], zoom[1], generator)
     x = classifier.normalise(pixels)
     for group in opt.param_groups:
         group["lr"] = lr
@@ -151,7 +172,7 @@ def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndar
     model.train()
     opt = torch.optim.AdamW(decay_groups(model, cfg.train.weight_decay), lr=cfg.train.lr)
     generator = torch.Generator().manual_seed(seed)
-    x_all = torch.from_numpy(images)
+    x_all = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)  # a tensor: Fashion-MNIST's view
     y_all = torch.from_numpy(labels)
     steps_per_epoch = math.ceil(len(x_all) / cfg.train.batch_size)
     total = steps_per_epoch * cfg.train.epochs
@@ -164,7 +185,7 @@ def train_classifier(classifier: Classifier, images: np.ndarray, labels: np.ndar
             y = y_all[idx].to(device)
             loss, logits = train_step(classifier, opt, x_all[idx].to(device), y,
                                       lr_at(step, total, cfg.train.lr, cfg.train.warmup_steps), cfg.train.grad_clip,
-                                      generator)
+                                      generator, (cfg.train.zoom_out, cfg.train.zoom_min_scale))
             loss_sum += loss.item() * len(idx)
             correct += int((logits.argmax(-1) == y).sum())
             step += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -16,16 +17,16 @@ import pandas as pd
 import torch
 
 from icml.cli.errors import UsageError
-from icml.cli.threads import intra_op_threads, single_thread
+from icml.cli.threads import SMALL_ARRAY_ENTRIES, intra_op_threads, single_thread
 from icml.methods.explain_vit import attribution as attr
 from icml.methods.explain_vit import metrics as M
 from icml.methods.explain_vit.attribution import FAMILY
-from icml.methods.explain_vit.config import ExplainVitConfig
-from icml.methods.explain_vit.data import ImageSet, MontageSet, load_folder, make_montages, synthetic
+from icml.methods.explain_vit.config import FASHION_MNIST_DIR, ExplainVitConfig
+from icml.methods.explain_vit.data import ImageSet, MontageSet, fashion_mnist, load_folder, make_montages, synthetic
 from icml.methods.explain_vit.model import Classifier, build_toy, load, save, train_classifier
 
-THREADS = 2  # training batches are large enough for two intra-op threads
 BATCH = 16  # images explained together
+TRAIN_THREADS = 2  # at most, for large training batches
 
 
 def model_path(ctx) -> Path:
@@ -43,8 +44,16 @@ def open_classifier(path: str | Path, device: str) -> Classifier:
         raise UsageError(str(exc), "pass a ViTForImageClassification directory saved with save_pretrained") from None
 
 
+@lru_cache(maxsize=1)  # train reads train + val, eval test, val and montage cells: one load and split per process
+def _fashion(path: str, seed: int, n_train: int, n_val: int, n_test: int, foreground: float) -> dict[str, ImageSet]:
+    return fashion_mnist(None if path == FASHION_MNIST_DIR else path, seed, n_train, n_val, n_test, foreground)
+
+
 def _data(cfg: ExplainVitConfig, seed: int, classifier: Classifier | None, split: str, n: int,
           offset: int = 0) -> ImageSet:
+    if cfg.data_cfg.dataset == "fashion_mnist":  # the real preset: split is train, val, test or montage
+        d = cfg.data_cfg
+        return _fashion(cfg.data, seed, d.n_train, d.n_val, d.n_test, d.foreground)[split]
     if cfg.data == "synthetic":
         return synthetic(seed, split, n, cfg.data_cfg.image_size, offset)
     try:
@@ -61,8 +70,13 @@ def _tensor(a: np.ndarray, device: str) -> torch.Tensor:
 # train -------------------------------------------------------------------------------------------
 def train(ctx) -> None:
     cfg, device = ctx.config, ctx.device
-    # never more threads than the process was given (OMP_NUM_THREADS=1 keeps training on one core)
-    with intra_op_threads(min(THREADS, torch.get_num_threads())):
+    # two intra-op threads (never more than the process was given: OMP_NUM_THREADS=1 keeps training on one core) only
+    # where the largest training activation, batch × tokens × MLP width, has ≥ 1M entries (the default's 3.2M); below,
+    # one (smoke's and real's 0.8M: smoke's 32 steps took 2.5 s each with two threads on a busy 2-core machine, 80 of
+    # its 149 s; cli/threads.py)
+    tokens = (cfg.data_cfg.image_size // cfg.vit.patch_size) ** 2 + 1
+    large = cfg.train.batch_size * tokens * cfg.vit.intermediate_size >= SMALL_ARRAY_ENTRIES
+    with intra_op_threads(min(TRAIN_THREADS, torch.get_num_threads()) if large else 1):
         if cfg.model:
             classifier = open_classifier(cfg.model, device)
             if cfg.data == "synthetic" and classifier.classes != [str(c) for c in _synthetic_classes()]:
@@ -76,11 +90,12 @@ def train(ctx) -> None:
                 ctx.record([{"variant": "model", "metric": "accuracy", "value": acc, "model": model_tag(cfg)}],
                            split="test")
             return
-        train_set = synthetic(ctx.seed, "train", cfg.data_cfg.n_train, cfg.data_cfg.image_size)
-        val = synthetic(ctx.seed, "val", cfg.data_cfg.n_val, cfg.data_cfg.image_size)
-        model = build_toy(cfg, ctx.seed).to(device)
+        train_set = _data(cfg, ctx.seed, None, "train", cfg.data_cfg.n_train)
+        val = _data(cfg, ctx.seed, None, "val", cfg.data_cfg.n_val)
+        classes = _classes(cfg)
+        model = build_toy(cfg, ctx.seed, classes).to(device)
         classifier = Classifier(model, torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.5),
-                                cfg.data_cfg.image_size, cfg.vit.patch_size, _synthetic_classes())
+                                cfg.data_cfg.image_size, cfg.vit.patch_size, classes)
         steps = -(-cfg.data_cfg.n_train // cfg.train.batch_size) * cfg.train.epochs
         tag = model_tag(cfg)
 
@@ -97,6 +112,14 @@ def train(ctx) -> None:
 
         with ctx.progress("training the toy ViT", steps) as advance:
             train_classifier(classifier, train_set.images, train_set.labels, cfg, ctx.seed, device, on_epoch, advance)
+        if cfg.data_cfg.dataset == "fashion_mnist":  # the classifier's test accuracy on all 10,000 t10k images
+            images = [_data(cfg, ctx.seed, None, part, 0) for part in ("test", "montage")]
+            probs = classifier.predict(classifier.normalise(_tensor(np.concatenate([s.images for s in images]), device)))
+            labels = np.concatenate([s.labels for s in images])
+            acc = float((probs.argmax(-1).cpu().numpy() == labels).mean())
+            ctx.record([{"variant": "model", "metric": "accuracy", "value": acc, "step": cfg.train.epochs,
+                         "model": tag}], split="test")
+            ctx.log(f"test accuracy (t10k, {len(labels)} images): {acc:.4f}")
         save(classifier.model.cpu(), ctx.checkpoints / "model")
 
 
@@ -104,6 +127,15 @@ def _synthetic_classes() -> list[str]:
     from icml.methods.explain_vit.data import CLASSES
 
     return list(CLASSES)
+
+
+def _classes(cfg: ExplainVitConfig) -> list[str]:
+    """The toy model's classes: Fashion-MNIST's ten, or the six synthetic shapes."""
+    if cfg.data_cfg.dataset == "fashion_mnist":
+        from icml.data.idx import CLASSES
+
+        return list(CLASSES)
+    return _synthetic_classes()
 
 
 # eval --------------------------------------------------------------------------------------------

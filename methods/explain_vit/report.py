@@ -1,6 +1,6 @@
 """Tables and plots of `icml explain-vit report`: arms × metrics on single images and on montages, the
 ablation ladder, the identities, the α_max sweep; deletion/insertion curves, map galleries (the same images for
-every arm, montages included), the mean spectrum of the maps with the patch-lattice frequencies marked,
+every arm, montages included), montage maps over their images with the target cell boxed, the mean spectrum of the maps with the patch-lattice frequencies marked,
 stability against shift size and the α_max validation sweep."""
 from __future__ import annotations
 
@@ -10,9 +10,22 @@ import numpy as np
 import pandas as pd
 
 from icml.methods.explain_vit import METHOD
-from icml.methods.explain_vit.config import ARMS, LADDER
+from icml.methods.explain_vit.config import ARMS, BASELINES, LADDER
+from icml.reports.claims import Claim
 from icml.reports.plots import new_axes
 from icml.reports.tables import Table, fmt, metric_table
+
+# DAVE against every other arm on the spec's headline metrics, judged over the seeds of a group (`icml explain-vit
+# report --seeds 0,1,2`: paired per-seed differences, 95 % t-interval): the spec's expected results (DAVE above
+# ∇⊙x and IG in localisation and stability, less lattice energy than W_eff⊙x, LeRF best or tied, low class
+# sensitivity) and the same comparison against every baseline; the ladder's inner rungs are in its table. Test split only (val holds the α_max sweep); deletion
+# with the blurred fill; stability_shift averaged over its shifts.
+CLAIM_METRICS = ["grid_pg", "class_sensitivity", "energy_pg", "pixel_auroc", "stability_noise", "stability_shift",
+                 "lattice_energy", "deletion_lerf_auc"]
+CLAIMS = [Claim(f"dave vs {arm}: {metric}", metric, "dave", arm,
+                where={"split": "test", **({"fill": "blur"} if metric.startswith("deletion") else {})},
+                pool=("shift_px",) if metric == "stability_shift" else ())
+          for metric in CLAIM_METRICS for arm in ["input_x_grad", "weff", *BASELINES]]
 
 SINGLE = ["energy_pg", "pointing_game", "pixel_auroc", "deletion_lerf_auc", "deletion_morf_auc", "insertion_auc",
           "stability_noise", "stability_shift", "lattice_energy", "lattice_grad_ratio", "wall_s_per_image",
@@ -178,6 +191,49 @@ def _gallery(data, arms: list[str], kind: str, classes: list[str]):
     return figure
 
 
+OVERLAY_ARMS = ["dave", "input_x_grad", "integrated_gradients", "gae"]  # shown over the montages, where run
+
+
+def _montage_overlays(data, arms: list[str], classes: list[str]):
+    """Montage maps over their images: per target (column) and arm (row), the map's positive part over the grey
+    input with the target's cell outlined and its share of the positive attribution (its GridPG) written below —
+    where an arm puts a class, which the gallery's bare maps leave to the reader's eye. At most two montages."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    shown = [a for a in OVERLAY_ARMS if a in arms] or arms[:4]
+    pixels = data["montage_pixels"][:2]
+    columns = [(i, k) for i in range(len(pixels)) for k in range(4)]
+    label_in = 1.7
+    cell = min(1.2, (PAGE_IN - label_in) / len(columns))
+    figure, axes = plt.subplots(len(shown), len(columns), squeeze=False, layout="constrained",
+                                figsize=(label_in + cell * len(columns), len(shown) * (cell + 0.25) + 0.8))
+    figure.suptitle("Montage maps over their images: positive attribution (inferno, each map at its own peak), "
+                    "the target's cell boxed,\nits share of the positive attribution below (GridPG; chance 0.25)",
+                    fontsize=10)
+    for j, (i, k) in enumerate(columns):
+        image = pixels[i].transpose(1, 2, 0)
+        h, w = image.shape[:2]
+        r, c = divmod(k, 2)
+        for row, arm in enumerate(shown):
+            axis = axes[row, j]
+            m = np.clip(data[f"montage/{arm}"][i, k], 0, None)
+            total = m.sum()
+            share = m[r * h // 2:(r + 1) * h // 2, c * w // 2:(c + 1) * w // 2].sum() / total if total > 0 else np.nan
+            axis.imshow(image.mean(-1), cmap="gray", vmin=0, vmax=1)
+            axis.imshow(np.ma.masked_less_equal(m / (m.max() + 1e-12), 0.15), cmap="inferno", alpha=0.75, vmin=0,
+                        vmax=1)
+            axis.add_patch(Rectangle((c * w / 2 - 0.5, r * h / 2 - 0.5), w / 2, h / 2, fill=False, ec="cyan", lw=1.5))
+            axis.set_xlabel(fmt(share, 2), fontsize=TEXT, labelpad=1)
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if row == 0:
+                axis.set_title(f"{i + 1}: {classes[int(data['montage_classes'][i][k])]}", fontsize=TEXT)
+            if j == 0:
+                axis.set_ylabel(arm, fontsize=TEXT, rotation=0, ha="right", va="center")
+    return figure
+
+
 def _spectrum(spectra: pd.DataFrame, side: int, patch: int):
     figure, axis = new_axes("Mean log-spectrum of the maps along x", "frequency (cycles per image)",
                             "log10 power (maps at unit energy)")
@@ -239,6 +295,8 @@ def plots(frame: pd.DataFrame, config, run=None) -> list:
         for kind in ("single", "montage"):
             if f"{kind}_pixels" in data and len(data[f"{kind}_pixels"]):
                 out.append((f"map gallery {kind}", _gallery(data, info["arms"], kind, info["classes"])))
+        if "montage_pixels" in data and len(data["montage_pixels"]):
+            out.append(("montage overlays", _montage_overlays(data, info["arms"], info["classes"])))
     spectra = run.table("spectra")
     if spectra is not None and not spectra.empty:
         side = int(2 * spectra["bin"].max())
