@@ -116,7 +116,7 @@ def test_interpolation_table_and_report(tiny_run):
     for title in ("Variants side by side", "Corruption types × variants", "SSL encoders", "Soup weights",
                   "Interpolation barriers"):
         assert title in html
-    assert html.count("data:image/png;base64,") == 6
+    assert html.count("data:image/png;base64,") == 7  # incl. accuracy by corruption type and severity
 
 
 def test_diff_init_differs_from_stock_ft_only_by_the_init(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ METHOD = Method(
     variants=("stock_ft", "best_single_ingredient", "self_soup_uniform", "self_soup_greedy", "self_soup_then_ft",
               "self_season_soup", "soup_clean_ssl", "supervised_soup_uniform", "supervised_soup_greedy",
               "ensemble"),
+    presets=("real",),
     preset_times={"smoke": "≈ 53 s train+eval+report", "default": "≈ 11.3 min train+eval",
-                  "paper": "GPU-sized; not timed"},
+                  "real": "≈ 14.5 min train+eval, one core", "paper": "GPU-sized; not timed"},
 )

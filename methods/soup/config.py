@@ -2,6 +2,8 @@
 
 Every field is settable with `--set key=value`; `--data DIR` sets `data`, `--model DIR` sets `model`,
 and `--set shift_data=DIR` names the shifted images (the shared CLI has no --shift-data option).
+`dataset` switches the clean source and its corruption suite: `digits` (digits_c + digits_lc, the
+smoke/default/paper presets) or `fashion_mnist` (Fashion-MNIST-C, the `real` preset); the pipeline is the same.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from icml.cli.errors import UsageError
 
 ALGOS = ("mae", "mocov3", "mmcr", "lejepa")
+DATASETS = ("digits", "fashion_mnist")
 ORDERS = ("soup_then_ft", "ft_then_soup")
 GREEDY_ON = ("val_clean", "val_shift")
 # each algorithm's hyperparameters, their defaults, and the short code of its ingredient name
@@ -75,6 +78,7 @@ class FTConfig:
     warmup_frac: float = 0.1
     probe_lrs: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1])  # h0's lr, picked on val
     probe_steps: int = 300
+    augment: bool = True  # random resized crop + rotation on every batch (false: clean images, the real preset)
 
 
 @dataclass
@@ -117,7 +121,10 @@ class SoupConfig:
     diff_init: bool = True  # with interpolation: the negative-control pair stock_ft | the same recipe from another init
     knn_k: int = 20
     knn_temperature: float = 0.07
-    data: str | None = None  # a class-subfolder image folder (--data)
+    dataset: str = "digits"  # digits (digits_c + digits_lc) | fashion_mnist (Fashion-MNIST-C; --preset real)
+    train_images: int = 0  # fashion_mnist: labelled train images, a seeded stratified subset of 55 000 (0: all)
+    val_images: int = 1000  # fashion_mnist: validation images, drawn stratified from the 60 000 train images
+    data: str | None = None  # digits: a class-subfolder image folder; fashion_mnist: its IDX files (None: Debian's)
     shift_data: str | None = None  # unlabelled images or <type>/<severity>/<class>/* (--set shift_data=DIR)
     model: str | None = None  # a local ViTMAE / ViT checkpoint (--model)
     vit: ViTConfig = field(default_factory=ViTConfig)
@@ -128,6 +135,9 @@ class SoupConfig:
     supervised: SupervisedConfig = field(default_factory=SupervisedConfig)
     season: SeasonConfig = field(default_factory=SeasonConfig)
     greedy: GreedyConfig = field(default_factory=GreedyConfig)
+
+
+REAL_TRAIN_IMAGES = 5000
 
 
 def preset(name: str) -> SoupConfig:
@@ -149,6 +159,16 @@ def preset(name: str) -> SoupConfig:
         cfg.season.epochs = 2
         cfg.season.steps_per_epoch = 3
         cfg.season.batch_size = 128
+    elif name == "real":  # Fashion-MNIST at 28 px, Fashion-MNIST-C; the default's recipe otherwise
+        from icml.data.fashion_c import HELDOUT
+
+        cfg.dataset = "fashion_mnist"
+        cfg.heldout = list(HELDOUT)
+        cfg.vit.image_size, cfg.vit.patch_size = 28, 7  # 16 patches + CLS: the default's 17 tokens
+        cfg.train_images = REAL_TRAIN_IMAGES
+        cfg.val_images = 1000
+        cfg.ft.steps, cfg.ft.lr, cfg.ft.augment = 400, 2e-3, False  # NOTES: Fashion-MNIST needs more and cleaner FT
+        cfg.diff_init = False  # its second MAE stock would not fit 15 min (--set diff_init=true: + ≈ 2 min)
     elif name == "paper":  # vit-mae-base at 224 px from --model; ImageNet-C / LAION-C from --shift-data
         cfg.stock.steps = 0
         cfg.ssl.steps = 10_000
@@ -229,11 +249,13 @@ def validate(cfg: SoupConfig) -> None:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, not '{cfg.order}'")
     if cfg.greedy.on not in GREEDY_ON:
         raise ValueError(f"greedy.on must be one of {', '.join(GREEDY_ON)}, not '{cfg.greedy.on}'")
-    from icml.data.images import CORRUPTIONS
-
-    unknown = [k for k in cfg.heldout if k not in CORRUPTIONS]
+    if cfg.dataset not in DATASETS:
+        raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, not '{cfg.dataset}'")
+    kinds = corruptions_of(cfg)
+    unknown = [k for k in cfg.heldout if k not in kinds]
     if unknown and not cfg.shift_data:
-        raise ValueError(f"unknown held-out corruption(s) {unknown}; valid: {', '.join(CORRUPTIONS)}")
+        raise ValueError(f"unknown held-out corruption(s) {unknown} for dataset {cfg.dataset}; valid: "
+                         f"{', '.join(kinds)}")
     for key in ("shift_severities", "eval_severities"):
         values = getattr(cfg, key)
         if not values or any(s not in (1, 2, 3, 4, 5) for s in values):
@@ -255,7 +277,9 @@ def validate(cfg: SoupConfig) -> None:
         raise ValueError(f"mocov3.momentum must be in [0, 1), not {cfg.mocov3.momentum}")
     if cfg.vit.hidden_size % cfg.vit.heads or cfg.vit.image_size % cfg.vit.patch_size:
         raise ValueError("vit.hidden_size must divide by vit.heads and vit.image_size by vit.patch_size")
-    if cfg.data and not Path(cfg.data).is_dir():
+    if cfg.train_images < 0 or cfg.val_images <= 0:
+        raise ValueError("train_images must be >= 0 (0: all) and val_images positive")
+    if cfg.dataset == "digits" and cfg.data and not Path(cfg.data).is_dir():  # fashion_mnist: check_inputs
         raise ValueError(f"data '{cfg.data}' is not a directory (expected <class>/<image> subfolders)")
     if cfg.shift_data and not Path(cfg.shift_data).is_dir():
         raise ValueError(f"shift_data '{cfg.shift_data}' is not a directory (expected images or "
@@ -310,12 +334,35 @@ def check_model(cfg: SoupConfig) -> None:
                          f"{MAE_WITH_DECODER} checkpoint such as vit-mae-base")
 
 
+def corruptions_of(cfg: SoupConfig) -> tuple[str, ...]:
+    """The corruption types of the dataset's suite (a --set shift_data folder brings its own)."""
+    if cfg.dataset == "fashion_mnist":
+        from icml.data.fashion_c import FASHION_C
+
+        return FASHION_C
+    from icml.data.images import CORRUPTIONS
+
+    return CORRUPTIONS
+
+
+def channels_of(cfg: SoupConfig) -> int:
+    """Channels of the toy stock's input: RGB for a user image folder, else grey (digits, Fashion-MNIST)."""
+    return 3 if cfg.data and cfg.dataset == "digits" else 1
+
+
 def check_inputs(cfg: SoupConfig) -> None:
     """Before a run exists: --model's headers (check_model), and the --data folder's layout and one image
-    per class, read as the run reads them."""
+    per class, read as the run reads them (fashion_mnist: every IDX header, size and label, not the images)."""
     if cfg.model:
         check_model(cfg)
-    if cfg.data:
+    if cfg.dataset == "fashion_mnist":
+        from icml.data.idx import ImageDataError, check_fashion_mnist
+
+        try:
+            check_fashion_mnist(cfg.data)
+        except ImageDataError as exc:
+            raise ValueError(str(exc)) from None
+    elif cfg.data:
         from icml.data.images import ImageDataError, check_image_folder
 
         try:

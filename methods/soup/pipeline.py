@@ -42,6 +42,47 @@ class Data:
     pool: object = None  # U: unlabelled shifted images
     seen: list[str] = field(default_factory=list)
     heldout: list[str] = field(default_factory=list)
+    dataset: str = "digits"  # cfg.dataset: which corruption suite the types belong to
+
+    def benchmark_of(self, kind: str) -> str:
+        """digits_c | digits_lc (digits), fashion_c (fashion_mnist), or shift_data for another type (a user
+        --set shift_data folder's)."""
+        from icml.data import fashion_c
+        from icml.data.images import benchmark_of
+
+        if self.dataset == "fashion_mnist":
+            return fashion_c.BENCHMARK if kind in fashion_c.FASHION_C else "shift_data"
+        return benchmark_of(kind)
+
+
+def clean_splits(cfg, seed: int, size: int, channels: int):
+    """({train, val, test} Splits at the stock's size and channels, class names) of cfg.dataset."""
+    import torch.nn.functional as F
+
+    from icml.data import images as img
+
+    if cfg.dataset == "fashion_mnist":
+        from icml.data import idx
+
+        splits = idx.fashion_mnist_splits(cfg.data, cfg.val_images, seed)
+        train = splits["train"]
+        if 0 < cfg.train_images < len(train):  # a seeded stratified subset of the labelled train images
+            import numpy as np
+            from sklearn.model_selection import train_test_split
+
+            keep, _ = train_test_split(np.arange(len(train)), train_size=cfg.train_images,
+                                       stratify=train.labels.numpy(), random_state=seed)
+            splits["train"] = img.Split(train.images[np.sort(keep)], train.labels[np.sort(keep)])
+        classes, native = list(idx.CLASSES), idx.SIZE
+    elif cfg.data:
+        return img.load_image_folder(cfg.data, size, channels, seed)
+    else:
+        splits, classes, native = img.digits_splits(seed), [str(d) for d in range(10)], 16
+    if size != native or channels != 1:  # a --model stock with another input: resize the grey images
+        for split in splits.values():
+            split.images = F.interpolate(split.images, size=(size, size), mode="bilinear",
+                                         align_corners=False).expand(-1, channels, -1, -1).contiguous()
+    return splits, classes
 
 
 def prepare_data(cfg, seed: int, size: int, channels: int) -> Data:
@@ -49,24 +90,16 @@ def prepare_data(cfg, seed: int, size: int, channels: int) -> Data:
     import torch
 
     from icml.data import images as img
+    from icml.methods.soup.config import corruptions_of
 
     try:
-        if cfg.data:
-            splits, classes = img.load_image_folder(cfg.data, size, channels, seed)
-        else:
-            splits, classes = img.digits_splits(seed), [str(d) for d in range(10)]
-            if size != 16 or channels != 1:  # a --model stock with another input: resize the digits
-                import torch.nn.functional as F
-
-                for split in splits.values():
-                    split.images = F.interpolate(split.images, size=(size, size), mode="bilinear",
-                                                 align_corners=False).expand(-1, channels, -1, -1).contiguous()
+        splits, classes = clean_splits(cfg, seed, size, channels)
         shift = img.load_shift_folder(cfg.shift_data, size, channels, classes) if cfg.shift_data else None
     except img.ImageDataError as exc:
         raise IcmlError(str(exc)) from None
     test = splits["test"]
     test = img.Split(test.images[:cfg.eval_test], test.labels[:cfg.eval_test])
-    data = Data(splits["train"], splits["val"], test, classes, size, channels)
+    data = Data(splits["train"], splits["val"], test, classes, size, channels, dataset=cfg.dataset)
     if shift is not None and shift.sets is not None:  # ImageNet-C layout: its types are the benchmark
         data.test_sets = dict(shift.sets)
         kinds = sorted({kind for kind, _ in shift.sets})
@@ -75,17 +108,22 @@ def prepare_data(cfg, seed: int, size: int, channels: int) -> Data:
         data.pool = torch.cat([s.images for (k, sev), s in shift.sets.items()
                                if k in data.seen and sev in cfg.shift_severities])
         return data
-    data.heldout = [k for k in img.CORRUPTIONS if k in cfg.heldout]
-    data.seen = [k for k in img.CORRUPTIONS if k not in cfg.heldout]
+    if cfg.dataset == "fashion_mnist":
+        from icml.data.fashion_c import corrupt
+    else:
+        corrupt = img.corrupt
+    kinds = corruptions_of(cfg)
+    data.heldout = [k for k in kinds if k in cfg.heldout]
+    data.seen = [k for k in kinds if k not in cfg.heldout]
     severities = sorted(set(cfg.eval_severities) | set(cfg.shift_severities))
     val = img.Split(data.val.images[:cfg.eval_val], data.val.labels[:cfg.eval_val])
     test_ids = [TEST_ID_OFFSET + i for i in range(len(test))]
-    for kind in img.CORRUPTIONS:
+    for kind in kinds:
         for severity in severities:
-            data.test_sets[(kind, severity)] = img.Split(img.corrupt(test.images, kind, severity, seed, test_ids),
+            data.test_sets[(kind, severity)] = img.Split(corrupt(test.images, kind, severity, seed, test_ids),
                                                          test.labels)
             if severity in cfg.eval_severities and kind in data.seen:  # the val side of the shift: seen types
-                data.val_sets[(kind, severity)] = img.Split(img.corrupt(val.images, kind, severity, seed),
+                data.val_sets[(kind, severity)] = img.Split(corrupt(val.images, kind, severity, seed),
                                                             val.labels)
     if shift is not None:  # unlabelled user images are U
         data.pool = shift.pool
@@ -152,7 +190,9 @@ def input_spec(ctx: RunContext) -> tuple[int, int]:
         config = read_model_config(cfg.model)
         size = config.get("image_size", 224)
         return (size if isinstance(size, int) else size[0]), config.get("num_channels", 3)
-    return cfg.vit.image_size, (3 if cfg.data else 1)
+    from icml.methods.soup.config import channels_of
+
+    return cfg.vit.image_size, channels_of(cfg)
 
 
 def recipes_of(ctx: RunContext, stock):
@@ -249,7 +289,7 @@ def train(ctx: RunContext) -> None:
                     start = encoder if source is None else _encoder_with(encoder, finished(ctx, source)["state"])
                     model, curve = fine_tune(start, head, data.train.images, data.train.labels, cfg.ft.steps,
                                              cfg.ft.batch_size, lr, cfg.ft.weight_decay, cfg.ft.warmup_frac,
-                                             ctx.seed + seed_offset, ctx.device)
+                                             ctx.seed + seed_offset, ctx.device, augment=cfg.ft.augment)
                     rows = [{"variant": name, "metric": "ft_loss", "value": v, "step": s, "stage": "ft", **tags}
                             for s, v in curve]
                     rows.append({"variant": name, "metric": "wall_s", "value": time.time() - started, "stage": "ft",
@@ -271,7 +311,7 @@ def train(ctx: RunContext) -> None:
                 other_head = probe_head(ctx, data, "diff_init_h0", other_encoder)
                 model, curve = fine_tune(other_encoder, other_head, data.train.images, data.train.labels,
                                          cfg.ft.steps, cfg.ft.batch_size, cfg.ft.lr, cfg.ft.weight_decay,
-                                         cfg.ft.warmup_frac, ctx.seed, ctx.device)
+                                         cfg.ft.warmup_frac, ctx.seed, ctx.device, augment=cfg.ft.augment)
                 ctx.record([{"variant": "diff_init", "metric": "ft_loss", "value": v, "step": s, "stage": "ft"}
                             for s, v in curve]
                            + [{"variant": "diff_init", "metric": "wall_s", "value": time.time() - started,
@@ -418,8 +458,7 @@ def benchmark_rows(accuracies: dict, data: Data, reference: dict | None) -> list
     accuracies, mce and gain_vs_stock."""
     import numpy as np
 
-    from icml.data.images import benchmark_of
-
+    benchmark_of = data.benchmark_of
     rows = [{"metric": "clean_acc", "value": accuracies[("test", None, None)], "benchmark": "clean",
              "split": "test"},
             {"metric": "val_acc", "value": accuracies[("val", None, None)], "benchmark": "clean", "split": "val"}]
@@ -569,7 +608,8 @@ class Evaluation:
             started = time.time()
             model, curve = fine_tune(_encoder_with(self.encoder, encoder_state), self.head, self.data.train.images,
                                      self.data.train.labels, cfg.ft.steps, cfg.ft.batch_size, cfg.ft.lr,
-                                     cfg.ft.weight_decay, cfg.ft.warmup_frac, self.ctx.seed, self.ctx.device)
+                                     cfg.ft.weight_decay, cfg.ft.warmup_frac, self.ctx.seed, self.ctx.device,
+                                     augment=cfg.ft.augment)
             self.rows += [{"variant": key, "metric": "ft_loss", "value": v, "step": s, "stage": "ft",
                            "order": "soup_then_ft", "split": "train"} for s, v in curve]
             self.rows.append({"variant": key, "metric": "wall_s", "value": time.time() - started, "stage": "ft",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from icml.cli.plan import Hardware, Step
-from icml.methods.soup.config import parse_ingredients
+from icml.methods.soup.config import channels_of, parse_ingredients
 from icml.methods.soup.pipeline import control_recipes, supervised_names
 from icml.methods.soup.soups import FeatureNet, ft_step, season_step, soup_state, stack_states
 from icml.methods.soup.ssl import ssl_setup, ssl_step
@@ -35,7 +35,7 @@ def _paper_like(cfg) -> bool:
 def _spec(cfg) -> tuple[int, int, int]:
     """(image size, channels, classes) of the preset."""
     paper = _paper_like(cfg)
-    return cfg.vit.image_size, 3 if paper or cfg.data else 1, 1000 if paper else 10
+    return cfg.vit.image_size, 3 if paper else channels_of(cfg), 1000 if paper else 10
 
 
 def _stock(cfg, tracker):
@@ -79,7 +79,7 @@ def _ft(cfg, processes: int):
         labels = torch.randint(classes, (batch,), device=tracker.device)
         generator = torch.Generator().manual_seed(0)
         for _ in range(2):
-            ft_step(model, optimizer, schedule, images, labels, generator)
+            ft_step(model, optimizer, schedule, images, labels, generator, cfg.ft.augment)
     return run
 
 

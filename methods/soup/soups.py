@@ -145,8 +145,9 @@ def fold_standardisation(probe: nn.Linear, mean: torch.Tensor, std: torch.Tensor
 
 def fine_tune(encoder: nn.Module, head: nn.Linear, images: torch.Tensor, labels: torch.Tensor, steps: int,
               batch_size: int, lr: float, weight_decay: float, warmup_frac: float, seed: int, device: str,
-              log_every: int = 10):
-    """The FT of LP-FT: every fine-tune starts from (θ, h0) — copies, never the caller's modules."""
+              log_every: int = 10, augment: bool = True):
+    """The FT of LP-FT: every fine-tune starts from (θ, h0) — copies, never the caller's modules. `augment`:
+    each batch through random_affine (crop + rotation); False: the clean images as they are."""
     model = Classifier(copy.deepcopy(encoder), copy.deepcopy(head)).to(device).train().requires_grad_(True)
     curve = []
     if steps == 0:
@@ -156,17 +157,18 @@ def fine_tune(encoder: nn.Module, head: nn.Linear, images: torch.Tensor, labels:
     order = batches(len(images), min(batch_size, len(images)), generator)
     for step in range(steps):
         index = next(order)
-        loss = ft_step(model, optimizer, schedule, images[index].to(device), labels[index].to(device), generator)
+        loss = ft_step(model, optimizer, schedule, images[index].to(device), labels[index].to(device), generator,
+                       augment)
         if step % log_every == 0 or step == steps - 1:
             curve.append((step, distributed.mean(float(loss.detach()))))
     return model.eval(), curve
 
 
 def ft_step(model: nn.Module, optimizer, schedule, images: torch.Tensor, labels: torch.Tensor,
-            generator: torch.Generator) -> torch.Tensor:
+            generator: torch.Generator, augment: bool = True) -> torch.Tensor:
     """One fine-tune step on a global batch (images and labels on the model's device): augment, this rank's
     slice under torchrun, cross-entropy, backward, the ranks' gradient average, AdamW and the schedule."""
-    batch = random_affine(images, generator)  # torchrun: the global batch, then this rank's equal slice of it
+    batch = random_affine(images, generator) if augment else images  # torchrun: the global batch, then this rank's equal slice of it
     loss = F.cross_entropy(model(distributed.shard(batch)), distributed.shard(labels))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
