@@ -8,9 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from icml.methods.kv_compress.real_tasks import REAL_TASKS
+
 TASKS = ["kv_retrieval", "needle", "aggregation"]
-VARIANTS = ["full", "snapkv", "h2o", "streamingllm", "pyramidkv", "adakv", "entrokv_snapkv", "entrokv_h2o",
-            "entrokv_streamingllm", "entrokv_alpha0", "entrokv_alpha1", "entrokv_perlayer", "entrokv_qagnostic"]
+# the spec's 13 variants (the default preset's arms), then EntroKV at α = 0.25 in each scope (the real preset's)
+SPEC_VARIANTS = ["full", "snapkv", "h2o", "streamingllm", "pyramidkv", "adakv", "entrokv_snapkv", "entrokv_h2o",
+                 "entrokv_streamingllm", "entrokv_alpha0", "entrokv_alpha1", "entrokv_perlayer", "entrokv_qagnostic"]
+VARIANTS = SPEC_VARIANTS + ["entrokv_alpha0.25", "entrokv_perlayer_alpha0.25"]
+REAL_VARIANTS = ["full", "snapkv", "h2o", "streamingllm", "pyramidkv", "adakv", "entrokv_snapkv", "entrokv_alpha0.25",
+                 "entrokv_perlayer", "entrokv_perlayer_alpha0.25"]
+TASK_SETS = ("generated", "real")
 SCOPES = ("global", "per_layer")
 POOLS = ("max", "avg")
 GQA_AGGS = ("mean", "max")
@@ -38,9 +45,21 @@ class TinyModelConfig:
 
 
 @dataclass
+class RealTasksConfig:
+    """The natural-text chat tasks of `--preset real` (real_tasks.py); lengths in the model's tokens."""
+
+    tasks: list[str] = field(default_factory=lambda: list(REAL_TASKS))
+    tokens: int = 1450  # context tokens of passkey, multikey, aggregation (the chat prompt adds ≈ 60)
+    tokens_long: int = 3950  # context tokens of passkey_long
+    needles: int = 4  # multikey: cities with a special magic number, one asked
+    facts: int = 3  # aggregation: special magic numbers, all asked
+    threads: int = 1  # intra-op threads of the real eval's prefill and decoding (2 on a quiet 2-core machine)
+
+
+@dataclass
 class KvCompressConfig:
     # evaluation grid
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    variants: list[str] = field(default_factory=lambda: list(SPEC_VARIANTS))
     ratios: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.3, 0.5, 1.0])
     window: int = 16
     alpha: float = 0.5
@@ -57,6 +76,8 @@ class KvCompressConfig:
     adakv_floor: float = 0.2  # Ada-KV safeguard φ
     bootstrap: int = 1000
     # data
+    task_set: str = "generated"  # generated (the tiny vocabulary's three tasks) | real (natural-text chat tasks)
+    real: RealTasksConfig = field(default_factory=RealTasksConfig)
     context_min: int = 160
     context_max: int = 320
     train_context_min: int = 32  # training contexts start at train_context_min..train_context_short
@@ -118,6 +139,19 @@ def preset(name: str) -> KvCompressConfig:
         cfg.max_new_tokens = 64
         cfg.plan_model = "llama-3.1-8b"  # Llama-3.1-8B-Instruct on LongBench prompts up to 32k tokens (plan.py)
         cfg.plan_tokens = 32768
+    elif name == "real":  # SmolLM2-135M-Instruct on natural-text chat tasks through generate() (README, real)
+        cfg.model = "smollm2-135m"
+        cfg.task_set = "real"
+        cfg.variants = list(REAL_VARIANTS)
+        cfg.ratios = [0.1, 0.2, 0.3, 0.5]
+        cfg.window = 32
+        cfg.kernel = 7
+        cfg.alpha = 0.5
+        cfg.n_per_task = 40
+        cfg.n_calibration = 8  # held-apart prompts (their own stream), 2 per task
+        cfg.scoring = "f1"  # retention and the paired CIs on LongBench's token F1; exact_match is recorded too
+        cfg.max_new_tokens = 24
+        cfg.plan_tokens = 4096  # `plan` sizes the longest prompt (passkey_long ≈ 4040 tokens)
     return cfg
 
 
@@ -189,8 +223,32 @@ def validate(cfg: KvCompressConfig) -> None:
                          f"({cfg.tiny.max_position})")
     if cfg.tiny.hidden % cfg.tiny.heads or cfg.tiny.heads % cfg.tiny.kv_heads:
         raise ValueError("tiny.hidden must be divisible by tiny.heads, and tiny.heads by tiny.kv_heads")
+    if cfg.task_set not in TASK_SETS:
+        raise ValueError(f"task_set must be one of {', '.join(TASK_SETS)}, not '{cfg.task_set}'")
+    if cfg.task_set == "real":
+        validate_real(cfg)
     if cfg.data and not Path(cfg.data).is_file():
         raise ValueError(f"data '{cfg.data}' is not a file (expected JSONL with context/question/answer)")
+
+
+def validate_real(cfg: KvCompressConfig) -> None:
+    real = cfg.real
+    if not cfg.model:
+        raise ValueError("task_set=real asks a chat model: give --model (e.g. smollm2-135m)")
+    if cfg.data:
+        raise ValueError("task_set=real builds its own prompts: --data is for the generated and paper presets")
+    unknown = [t for t in real.tasks if t not in REAL_TASKS]
+    if unknown or not real.tasks:
+        raise ValueError(f"real.tasks must name some of {', '.join(REAL_TASKS)}, not {real.tasks}")
+    if "full" not in cfg.variants:
+        raise ValueError("task_set=real needs the variant full (retention and kl_to_full divide by it)")
+    agnostic = [v for v in cfg.variants if v == "entrokv_qagnostic"]
+    if agnostic:
+        raise ValueError("task_set=real decodes question-aware only: drop entrokv_qagnostic")
+    if min(real.tokens, real.tokens_long) < cfg.window + 16:
+        raise ValueError(f"real.tokens and real.tokens_long must be >= window + 16 ({cfg.window + 16})")
+    if real.needles < 1 or not 1 <= real.facts <= 5 or real.threads < 1:
+        raise ValueError("need real.needles >= 1, 1 <= real.facts <= 5 and real.threads >= 1")
 
 
 def check_inputs(cfg: KvCompressConfig) -> None:

@@ -47,7 +47,10 @@ def variant_spec(name: str, cfg) -> Variant:
              "entrokv_alpha0": ("snapkv", 0.0, cfg.scope, aware),
              "entrokv_alpha1": ("snapkv", 1.0, cfg.scope, aware),
              "entrokv_perlayer": ("snapkv", cfg.alpha, "per_layer", aware),
-             "entrokv_qagnostic": ("snapkv", cfg.alpha, cfg.scope, False)}
+             "entrokv_qagnostic": ("snapkv", cfg.alpha, cfg.scope, False),
+             # the second α (`--preset real`: α ∈ {0.25, 0.5} in both scopes)
+             "entrokv_alpha0.25": ("snapkv", 0.25, cfg.scope, aware),
+             "entrokv_perlayer_alpha0.25": ("snapkv", 0.25, "per_layer", aware)}
     operator, alpha, scope, aware = entro[name]
     return Variant(name, "entropy", operator, aware, alpha, scope)
 

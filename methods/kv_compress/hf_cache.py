@@ -21,6 +21,9 @@ cache (or none) it is plain SDPA.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import time
 from contextvars import ContextVar
 
 import torch
@@ -48,10 +51,11 @@ def column_sums(query: torch.Tensor, key: torch.Tensor, scaling: float, block: i
     sums = torch.zeros(B, Hq, N, dtype=torch.float32, device=query.device)
     positions = torch.arange(N, device=query.device)
     for start in range(0, N, block):
-        rows = positions[start:start + block]
-        scores = (query[:, :, start:start + block] @ keys).float() * scaling
-        scores = scores.masked_fill(positions[None, :] > rows[:, None], float("-inf"))
-        sums += scores.softmax(-1).sum(-2)
+        end = min(N, start + block)  # a block's queries see the keys up to its last row (causal): half the work
+        rows = positions[start:end]
+        scores = (query[:, :, start:end] @ keys[..., :end]).float() * scaling
+        scores = scores.masked_fill(positions[None, :end] > rows[:, None], float("-inf"))
+        sums[..., :end] += scores.softmax(-1).sum(-2)
     return sums
 
 
@@ -184,14 +188,14 @@ class CompressedCache(Cache):
     Other settings (window, kernel, pool, alpha, scope, sinks, …) as `KvCompressConfig` keys."""
 
     def __init__(self, model, variant: str = "entrokv_snapkv", ratio: float = 0.3, h_bar: float | None = None,
-                 config: KvCompressConfig | None = None, **settings):
-        cfg = config or preset("default")
+                 config: KvCompressConfig | None = None, column_sums: bool | None = None, **settings):
+        cfg = copy.deepcopy(config) if config is not None else preset("default")
         for key, value in settings.items():
             if not hasattr(cfg, key):
                 raise ValueError(f"unknown kv-compress setting '{key}'")
             setattr(cfg, key, value)
         cfg.variants = [variant]
-        validate(cfg)
+        validate(dataclasses.replace(cfg, task_set="generated"))  # the settings; a real run's arm list is eval's
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be a budget fraction in (0, 1], not {ratio}")
         self.spec = variant_spec(variant, cfg)
@@ -199,7 +203,9 @@ class CompressedCache(Cache):
             raise ValueError(f"{variant} needs h_bar, the calibrated mean entropy: icml kv-compress calibrate")
         self.cfg, self.ratio, self.h_bar = cfg, ratio, h_bar
         self.selection = None
-        needs_sums = self.spec.operator == "h2o"
+        self.analyses = None  # one `Analysis` per sequence, when shared with other caches of one prefill (`sharing`)
+        self.compress_ms = self.compressed_bytes = None  # set by `compress`
+        needs_sums = self.spec.operator == "h2o" if column_sums is None else column_sums
         super().__init__(layers=[CompressedLayer(cfg.window, needs_sums, sliding_window(model.config))
                                  for _ in range(model.config.num_hidden_layers)])
         register()
@@ -210,24 +216,64 @@ class CompressedCache(Cache):
             self.compress()
         return self.layers[layer_idx].update(key_states, value_states)
 
+    def prefill_state(self, b: int = 0) -> Prefill:
+        """What the prefill recorded for sequence b, as the compressors read it (no copy)."""
+        if self.layers[0].full_keys is None:
+            raise ValueError("CompressedCache: no recorded prefill (not prefilled yet, or already compressed)")
+        return Prefill(keys=[layer.full_keys[b] for layer in self.layers],
+                       values=[layer.full_values[b] for layer in self.layers],
+                       window_queries=[layer.window_queries[b] for layer in self.layers],
+                       column_sums=[layer.sums[b] if layer.sums is not None else None for layer in self.layers],
+                       scaling=self.layers[0].scaling)
+
+    def prefill_analyses(self) -> list:
+        """Window attention and entropy of each sequence's recorded prefill (`evaluation.analyse`), computed once
+        and shared with every cache made from this one by `sharing`."""
+        if self.analyses is None:
+            self.analyses = [analyse(self.prefill_state(b), self.cfg) for b in range(self.layers[0].shape[0])]
+        return self.analyses
+
+    @classmethod
+    def sharing(cls, source: "CompressedCache", model, variant: str, ratio: float, h_bar: float | None = None,
+                config: KvCompressConfig | None = None) -> "CompressedCache":
+        """A cache holding `source`'s recorded prefill (not yet compressed; the tensors are shared, not copied)
+        that `variant` compresses at `ratio` on its first decoding step, from the same statistics (window queries,
+        column sums, and the window attention and entropy of `prefill_analyses`): one prefill, many arms.
+        Compression copies the kept entries, so `source` and every other cache made from it stay intact."""
+        cfg = config if config is not None else source.cfg
+        if source.layers[0].full_keys is None or source.layers[0].compressed:
+            raise ValueError("CompressedCache.sharing: the source holds no uncompressed prefill")
+        if cfg.window != source.cfg.window:
+            raise ValueError(f"CompressedCache.sharing: window {cfg.window} differs from the recorded {source.cfg.window}")
+        cache = cls(model, variant, ratio=ratio, h_bar=h_bar, config=cfg)
+        if cache.spec.operator == "h2o" and source.layers[0].sums is None:
+            raise ValueError(f"CompressedCache.sharing: {variant} needs column sums; record with column_sums=True")
+        for mine, theirs in zip(cache.layers, source.layers):
+            for name in ("seen", "full_keys", "full_values", "window_queries", "sums", "scaling", "shape",
+                         "is_initialized"):
+                setattr(mine, name, getattr(theirs, name))
+            mine.device = theirs.device
+        cache.analyses = source.prefill_analyses()
+        return cache
+
     @torch.no_grad()
     def compress(self) -> None:
         """Budgets and selection per sequence over all layers, then only the kept entries stay."""
+        start = time.perf_counter()
         B, _ = self.layers[0].shape
         kept_per_layer = [[None] * B for _ in self.layers]
         self.selection = []
         for b in range(B):
-            state = Prefill(keys=[layer.full_keys[b] for layer in self.layers],
-                            values=[layer.full_values[b] for layer in self.layers],
-                            window_queries=[layer.window_queries[b] for layer in self.layers],
-                            column_sums=[layer.sums[b] if layer.sums is not None else None for layer in self.layers],
-                            scaling=self.layers[0].scaling)
-            selection = compress(state, analyse(state, self.cfg), self.spec, self.ratio, self.cfg, self.h_bar)
+            state = self.prefill_state(b)
+            analysis = self.analyses[b] if self.analyses is not None else analyse(state, self.cfg)
+            selection = compress(state, analysis, self.spec, self.ratio, self.cfg, self.h_bar)
             self.selection.append(selection)
             for index, kept in enumerate(selection.kept):
                 kept_per_layer[index][b] = kept
         for layer, kept in zip(self.layers, kept_per_layer):
             layer.keep(kept)
+        self.compress_ms = 1000 * (time.perf_counter() - start)
+        self.compressed_bytes = self.memory_bytes()
 
     def memory_bytes(self) -> int:
         return sum(layer.memory_bytes() for layer in self.layers)

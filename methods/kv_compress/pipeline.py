@@ -92,7 +92,12 @@ def calibrate(run_path: Path, cfg, seed: int, device: str, *, model_path: str | 
               data: str | None = None, n: int | None = None) -> dict:
     """Compute H̄ and store it in <run>/calibration.json under the model's key."""
     n = n or cfg.n_calibration
+    if cfg.task_set == "real" and data:
+        raise UsageError("a real-task run calibrates on its own held-apart prompts, not on --data",
+                         "drop --data (or calibrate a run of another preset)")
     model, tokenizer = load_model(run_path, cfg, model_path, device)
+    if cfg.task_set == "real":
+        return _store_h_bar(run_path, cfg, model_path, real_h_bar(model, tokenizer, cfg, seed, n, device))
     if data and not (cfg.data and Path(data).resolve() == Path(cfg.data).resolve()):
         examples = load_jsonl(data)[:n]  # a file of its own: eval never scores it
     elif data or cfg.data:
@@ -106,14 +111,30 @@ def calibrate(run_path: Path, cfg, seed: int, device: str, *, model_path: str | 
     check_lengths(tokenizer, examples, cfg, model, "calibration", agnostic=False)
     with single_thread():
         h_bar = mean_entropy(model, tokenizer, examples, cfg, device)
+    entry = {"h_bar": h_bar, "n": len(examples), "window": cfg.window, "entropy_norm": cfg.entropy_norm,
+             "gqa_agg": cfg.gqa_agg, "data": str(Path(data or cfg.data).resolve()) if (data or cfg.data) else
+             "generated mixture", "lines": [e.line for e in examples] if (data or cfg.data) else None}
+    return _store_h_bar(run_path, cfg, model_path, entry)
+
+
+def real_h_bar(model, tokenizer, cfg, seed: int, n: int, device: str) -> dict:
+    """H̄ of task_set=real: its own held-apart prompts (stream "calibration"; eval scores "test")."""
+    from icml.methods.kv_compress import real
+
+    examples = real.calibration_examples(cfg, tokenizer, seed, n)
+    with intra_op_threads(cfg.real.threads):
+        h_bar = real.mean_entropy(model, tokenizer, examples, cfg, device)
+    return {"h_bar": h_bar, "n": len(examples), "window": cfg.window, "entropy_norm": cfg.entropy_norm,
+            "gqa_agg": cfg.gqa_agg, "data": "real tasks, calibration stream",
+            "lines": [f"{e.task} {e.example_id}" for e in examples]}
+
+
+def _store_h_bar(run_path: Path, cfg, model_path: str | None, entry: dict) -> dict:
     path = run_path / "calibration.json"
     try:
         table = json.loads(path.read_text()) if path.exists() else {}
     except json.JSONDecodeError:
         raise IcmlError(f"{path} is not valid JSON", "delete it and run: icml kv-compress calibrate") from None
-    entry = {"h_bar": h_bar, "n": len(examples), "window": cfg.window, "entropy_norm": cfg.entropy_norm,
-             "gqa_agg": cfg.gqa_agg, "data": str(Path(data or cfg.data).resolve()) if (data or cfg.data) else
-             "generated mixture", "lines": [e.line for e in examples] if (data or cfg.data) else None}
     table[model_key(cfg, model_path)] = entry
     atomic_write_json(path, table)
     return entry
@@ -205,12 +226,7 @@ def summary_rows(per_example: pd.DataFrame, allocations: pd.DataFrame, cfg, seed
     full_score = per_example[per_example["variant"] == "full"].groupby("task")[score].mean() \
         if "full" in specs else pd.Series(dtype=float)
     rows = []
-
-    def tags(variant: str, task: str, ratio: float) -> dict:
-        spec = specs[variant]
-        return {"variant": variant, "task": task, "ratio": float(ratio), "window": cfg.window,
-                "alpha": spec.alpha, "scope": spec.scope, "operator": spec.operator,
-                "question_aware": int(spec.question_aware)}
+    tags = summary_tags(cfg, list(specs.values()))
 
     for record in means.to_dict("records"):
         base = tags(record["variant"], record["task"], record["ratio"])
@@ -231,6 +247,19 @@ def summary_rows(per_example: pd.DataFrame, allocations: pd.DataFrame, cfg, seed
     for first, second, metric, corr in budget_map_correlations(allocations):
         rows.append({**tags("entrokv_snapkv", f"{first}|{second}", CORR_RATIO), "metric": metric, "value": corr})
     return rows
+
+
+def summary_tags(cfg, specs):
+    """tags(variant, task, ratio) -> the tag columns of a summary row."""
+    by_name = {spec.name: spec for spec in specs}
+
+    def tags(variant: str, task: str, ratio: float) -> dict:
+        spec = by_name[variant]
+        return {"variant": variant, "task": task, "ratio": float(ratio), "window": cfg.window,
+                "alpha": spec.alpha, "scope": spec.scope, "operator": spec.operator,
+                "question_aware": int(spec.question_aware)}
+
+    return tags
 
 
 def budget_map_correlations(allocations) -> list[tuple[str, str, str, float]]:
@@ -258,6 +287,10 @@ def evaluate(ctx: RunContext) -> None:
                              f"model '{model_key(cfg)}'",
                              f"run: icml kv-compress calibrate {ctx.run.path} (or train with --set h_bar=0.3)")
     model, tokenizer = load_model(ctx.run.path, cfg, None, ctx.device)
+    if cfg.task_set == "real":
+        from icml.methods.kv_compress import real
+
+        return real.evaluate(ctx, model, tokenizer, h_bar)
     examples = eval_examples(cfg, ctx.seed)
     check_lengths(tokenizer, examples, cfg, model, f"--data '{cfg.data}'" if cfg.data else "generated",
                   agnostic=any(not spec.question_aware for spec in specs))

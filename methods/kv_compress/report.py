@@ -57,7 +57,7 @@ def _focus_ratio(rows: pd.DataFrame) -> float:
     return min(ratios, key=lambda r: abs(r - FOCUS_RATIO))
 
 
-def tables(frame: pd.DataFrame, config) -> list[Table]:
+def tables(frame: pd.DataFrame, config, run=None) -> list[Table]:
     rows = _eval(frame)
     if rows.empty:
         train = frame[frame["phase"] == "train"]
@@ -75,6 +75,7 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
             out.append(Table(f"{metric} — {task} (variant × budget ratio)", wide,
                              {c: "higher" for c in wide.columns if c.startswith("r=")}, note))
     ratio = _focus_ratio(rows)
+    out += _real_tables(rows, ratio, run)
     metrics = ["kl_to_full", "answer_nll", "memory_bytes", "overhead_ms", "kept_entries", "budget_cv", "mean_entropy"]
     focus = rows[np.isclose(rows["ratio"], ratio) & rows["metric"].isin(metrics) & rows["task"].isin(TASKS + [
         t for t in rows["task"].unique() if t and "|" not in t])]
@@ -87,16 +88,43 @@ def tables(frame: pd.DataFrame, config) -> list[Table]:
     diff = "em_diff" if score == "exact_match" else "token_f1_diff"
     ci = rows[rows["metric"].isin([f"{diff}_ci_low", f"{diff}_ci_high"])]
     if not ci.empty:
-        wide = ci.pivot_table(index=["task", "ratio"], columns="metric", values="value").reset_index()
-        wide = wide[["task", "ratio", f"{diff}_ci_low", f"{diff}_ci_high"]]
-        out.append(Table(f"Paired bootstrap 95% CI of {score}(entrokv_snapkv − snapkv)", wide,
-                         note="1000 resamples of the test examples"))
+        wide = _ordered_variants(ci.pivot_table(index=["variant", "task", "ratio"], columns="metric",
+                                                values="value").reset_index())
+        wide = wide[["variant", "task", "ratio", f"{diff}_ci_low", f"{diff}_ci_high"]].reset_index(drop=True)
+        out.append(Table(f"Paired bootstrap 95% CI of {score}(EntroKV arm − snapkv)", wide,
+                         note=f"{getattr(config, 'bootstrap', 1000)} resamples of the test examples"))
     corr = rows[rows["metric"].str.startswith("alloc_corr_")]
     if not corr.empty:
         out.append(Table("Correlation of the mean budget maps between tasks (entrokv_snapkv)",
                          corr[["task", "ratio", "metric", "value"]].reset_index(drop=True),
                          note="the spec expects kv_retrieval vs aggregation clearly below 1 (< 0.95); those two "
                               "share one context format, the needle's differs (the control pairs)"))
+    return out
+
+
+def _real_tables(rows: pd.DataFrame, ratio: float, run) -> list[Table]:
+    """Runs of task_set=real: every score per arm and task at the focus ratio, and the score by the asked
+    needle's depth (examples.parquet)."""
+    if "item_recall" not in set(rows["metric"]):
+        return []
+    focus = rows[np.isclose(rows["ratio"], ratio) & rows["metric"].isin(["exact_match", "token_f1", "item_recall"])]
+    wide = focus.pivot_table(index="variant", columns=["metric", "task"], values="value", aggfunc="mean")
+    wide.columns = [f"{metric[0] if metric != 'item_recall' else 'recall'}:{task}" for metric, task in wide.columns]
+    out = [Table(f"Scores at r={ratio:g}: exact match (e), LongBench token F1 (t), item recall (recall)",
+                 _ordered_variants(wide.reset_index()).reset_index(drop=True), {c: "higher" for c in wide.columns},
+                 "item recall: the share of the answer's items (the key, each number) in the answer, RULER's "
+                 "string_match_all")]
+    examples = run.table("examples") if run is not None else None
+    if examples is not None and not examples.empty and "depth" in examples.columns:
+        score = _score(rows)
+        picked = examples[np.isclose(examples["ratio"], ratio) & (examples["task"] != "aggregation")].copy()
+        picked["depth"] = picked["depth"].round(1)
+        depth = picked.pivot_table(index="variant", columns=["task", "depth"], values=score, aggfunc="mean")
+        depth.columns = [f"{task}@{d:g}" for task, d in depth.columns]
+        out.append(Table(f"{score} by the asked needle's depth at r={ratio:g} (task@depth rounded to 0.1; "
+                         "aggregation asks every needle)",
+                         _ordered_variants(depth.reset_index()).reset_index(drop=True),
+                         {c: "higher" for c in depth.columns}))
     return out
 
 
@@ -191,7 +219,7 @@ def _retention_curves(rows: pd.DataFrame):
         _style_curves(axis, _curves(rows[(rows["metric"] == "retention") & (rows["task"] == task)]), 3.6)
         axis.set_title(task)
         axis.set_xlabel("budget ratio r")
-    axes[0][0].set_ylabel("retention (EM / EM full)")
+    axes[0][0].set_ylabel(f"retention ({_score(rows)} / full's)")
     legend_outside(axes[0][-1])
     return figure
 
@@ -205,7 +233,9 @@ def _heatmaps(alloc: pd.DataFrame, ratio: float):
     picked = alloc[(alloc["variant"] == "entrokv_snapkv") & np.isclose(alloc["ratio"], ratio)]
     tasks = [t for t in TASKS if t in set(picked["task"])] or sorted(picked["task"].unique())
     uniform = alloc[(alloc["variant"] == "snapkv") & np.isclose(alloc["ratio"], ratio)]
-    panels = [(f"{t}", picked[picked["task"] == t]) for t in tasks] + [("uniform (snapkv)", uniform)]
+    per_layer = alloc[(alloc["variant"] == "entrokv_perlayer") & np.isclose(alloc["ratio"], ratio)]
+    panels = [(f"{t}", picked[picked["task"] == t]) for t in tasks] + [("uniform (snapkv)", uniform)] + \
+        [("per-layer scope (entrokv_perlayer, all tasks)", per_layer)]
     panels = [(title, p.groupby(["layer", "kv_head"])["budget"].mean().unstack()) for title, p in panels]
     panels = [(title, grid) for title, grid in panels if not grid.empty]  # snapkv not run: no uniform panel
     if not panels:
@@ -247,10 +277,12 @@ def _forest(rows: pd.DataFrame):
     score = _score(rows)
     diff = "em_diff" if score == "exact_match" else "token_f1_diff"
     ci = rows[rows["metric"].isin([f"{diff}_ci_low", f"{diff}_ci_high"])]
-    wide = ci.pivot_table(index=["task", "ratio"], columns="metric", values="value").reset_index()
-    figure, axis = new_axes(f"Paired bootstrap 95% CI: {score}(entrokv_snapkv) − {score}(snapkv)",
+    wide = ci.pivot_table(index=["variant", "task", "ratio"], columns="metric", values="value").reset_index()
+    several = wide["variant"].nunique() > 1
+    figure, axis = new_axes(f"Paired bootstrap 95% CI: {score}(EntroKV arm) − {score}(snapkv)",
                             f"{score} difference", "")
-    labels = [f"{t} r={r:g}" for t, r in zip(wide["task"], wide["ratio"])]
+    labels = [(f"{v} " if several else "") + f"{t} r={r:g}" for v, t, r in zip(wide["variant"], wide["task"],
+                                                                              wide["ratio"])]
     low, high = wide[f"{diff}_ci_low"].to_numpy(), wide[f"{diff}_ci_high"].to_numpy()
     mid = (low + high) / 2  # the interval's middle, marked; its ends capped (a zero-width interval is a point)
     axis.errorbar(mid, np.arange(len(wide)), xerr=[mid - low, high - mid], fmt="o", color="C0", lw=2, capsize=4)
