@@ -23,5 +23,5 @@ METHOD = Method(
              "finetune_s": LOWER, "loss": LOWER, "evaluator_acc": HIGHER},
     variants=lambda config: (*config.SELECTORS, "base"),
     extra_verbs=True,
-    preset_times={"smoke": "≈ 59 s train+eval+report", "default": "≈ 2.4 min train + ≈ 7 min eval"},
+    preset_times={"smoke": "47 s train+eval+report", "default": "≈ 2.4 min train + ≈ 7 min eval"},
 )

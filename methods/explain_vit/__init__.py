@@ -24,6 +24,6 @@ METHOD = Method(
     variants="ARMS",
     extra_verbs=True,
     presets=("real",),
-    preset_times={"smoke": "≈ 52–56 s train+eval+report at load 3–5", "default": "≈ 7 min train+eval (one core)",
+    preset_times={"smoke": "37 s train+eval+report", "default": "≈ 7 min train+eval (one core)",
                   "real": "≈ 7.7 min train + 4.5 min eval (one core's CPU time)"},
 )
