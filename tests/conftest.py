@@ -174,3 +174,21 @@ def interrupt_progress(monkeypatch, stop):
 
     monkeypatch.setattr(lifecycle.RunContext, "progress", stopping)
     return lambda: monkeypatch.setattr(lifecycle.RunContext, "progress", original)
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir():
+    """Debian's Fashion-MNIST folder (`make install` puts it there). Never a skip: CI must have the data."""
+    from icml.data import idx
+
+    if not (idx.DEBIAN_DIR / "t10k-images-idx3-ubyte.gz").is_file():
+        pytest.fail(idx.INSTALL_HINT)
+    return idx.DEBIAN_DIR
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist(fashion_mnist_dir):
+    """Its four IDX files, loaded by data/idx.py (train / test images and labels, classes, folder)."""
+    from icml.data import idx
+
+    return idx.load_fashion_mnist(None)

@@ -37,14 +37,7 @@ SINGLE = {"energy_pg", "pointing_game", "pixel_auroc", "deletion_lerf_auc", "del
 
 
 @pytest.fixture(scope="module")
-def real():
-    if not (idx.DEBIAN_DIR / "t10k-images-idx3-ubyte.gz").is_file():
-        pytest.fail(idx.INSTALL_HINT)  # never a skip: CI must have the data (`make install`)
-    return idx.load_fashion_mnist(None)
-
-
-@pytest.fixture(scope="module")
-def run(real, tmp_path_factory):
+def run(fashion_mnist, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     trained = invoke("explain-vit", "train", *TINY, "--runs-dir", runs, "--json")
     assert trained.code == 0, trained.err
@@ -56,7 +49,7 @@ def run(real, tmp_path_factory):
     return path
 
 
-def test_real_images_masks_and_splits(real, run):
+def test_real_images_masks_and_splits(fashion_mnist, run):
     """The preset's data is data/idx.py's: grey replicated to RGB, test = the first n_test t10k images, montage cells
     the rest (disjoint), a stratified validation split from train; the object mask is the silhouette, its box tight.
     (The sets the run used, from the pipeline's cache.)"""
@@ -65,9 +58,9 @@ def test_real_images_masks_and_splits(real, run):
     sets = _fashion(str(idx.DEBIAN_DIR), 0, 12000, 300, 200, 0.05)
     test, cells, val, train = sets["test"], sets["montage"], sets["val"], sets["train"]
     assert test.images.shape == (200, 3, 28, 28) and len(cells) == 10_000 - 200 and len(val) == 300
-    assert np.array_equal(test.images[:, 0] * 255, real["test"]["images"][:200].astype(np.float32))
-    assert np.array_equal(test.images[:, 0], test.images[:, 2]) and np.array_equal(test.labels, real["test"]["labels"][:200])
-    assert np.array_equal(cells.labels, real["test"]["labels"][200:]) and set(test.ids).isdisjoint(cells.ids)
+    assert np.array_equal(test.images[:, 0] * 255, fashion_mnist["test"]["images"][:200].astype(np.float32))
+    assert np.array_equal(test.images[:, 0], test.images[:, 2]) and np.array_equal(test.labels, fashion_mnist["test"]["labels"][:200])
+    assert np.array_equal(cells.labels, fashion_mnist["test"]["labels"][200:]) and set(test.ids).isdisjoint(cells.ids)
     assert np.bincount(val.labels, minlength=10).tolist() == [30] * 10
     for part in (test, cells, val):
         assert np.array_equal(part.masks, part.images[:, 0] > 0.05)
@@ -181,7 +174,7 @@ def _bad_labels(folder: Path) -> Path:
     (_truncated, "damaged gzip file"),
     (_bad_labels, "has label 12 at index 17"),
 ], ids=["absent", "file", "empty", "missing-file", "truncated", "bad-label"])
-def test_bad_data_is_one_line_exit_2_before_any_run(real, tmp_path, make, needle):
+def test_bad_data_is_one_line_exit_2_before_any_run(fashion_mnist, tmp_path, make, needle):
     folder = tmp_path / "fmnist"
     if make is None:
         given = folder

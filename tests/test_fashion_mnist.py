@@ -46,17 +46,11 @@ def one_line_error(call, *match: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def real():
-    if not (idx.DEBIAN_DIR / "t10k-images-idx3-ubyte.gz").is_file():
-        pytest.fail(idx.INSTALL_HINT)  # never a skip: CI must have the data (`make install`)
-    return idx.load_fashion_mnist(None)
-
-
-@pytest.fixture(scope="module")
-def small(real):
+def small(fashion_mnist):
     """A small train split (the first 200 t10k images, written here) and the real t10k arrays."""
-    return {"train_images": real["test"]["images"][:TRAIN_N], "train_labels": real["test"]["labels"][:TRAIN_N],
-            "test_images": real["test"]["images"], "test_labels": real["test"]["labels"]}
+    test = fashion_mnist["test"]
+    return {"train_images": test["images"][:TRAIN_N], "train_labels": test["labels"][:TRAIN_N],
+            "test_images": test["images"], "test_labels": test["labels"]}
 
 
 def zalando(folder, small, gz: bool = True, raw: bool = False):
@@ -81,31 +75,31 @@ def same(a: dict, b: dict) -> bool:
 
 
 # the real files ------------------------------------------------------------------------------
-def test_debians_files_load_whole_and_balanced(real):
+def test_debians_files_load_whole_and_balanced(fashion_mnist):
     for split, n in (("train", 60_000), ("test", 10_000)):
-        images, labels = real[split]["images"], real[split]["labels"]
+        images, labels = fashion_mnist[split]["images"], fashion_mnist[split]["labels"]
         assert images.shape == (n, 28, 28) and images.dtype == np.uint8
         assert labels.shape == (n,) and labels.dtype == np.int64
         assert np.bincount(labels, minlength=10).tolist() == [n // 10] * 10
-    assert real["train"]["labels"][:5].tolist() == [9, 0, 0, 3, 0]  # Zalando's order: an ankle boot first
-    assert real["test"]["labels"][:5].tolist() == [9, 2, 1, 1, 6]
-    assert int(real["train"]["images"][0].sum()) == 76247 and int(real["test"]["images"].max()) == 255
-    assert real["folder"] == idx.DEBIAN_DIR and len(real["classes"]) == 10
+    assert fashion_mnist["train"]["labels"][:5].tolist() == [9, 0, 0, 3, 0]  # Zalando's order: an ankle boot first
+    assert fashion_mnist["test"]["labels"][:5].tolist() == [9, 2, 1, 1, 6]
+    assert int(fashion_mnist["train"]["images"][0].sum()) == 76247 and int(fashion_mnist["test"]["images"].max()) == 255
+    assert fashion_mnist["folder"] == idx.DEBIAN_DIR and len(fashion_mnist["classes"]) == 10
     assert idx.check_fashion_mnist(None) == idx.DEBIAN_DIR
     start = time.perf_counter()
     again = idx.load_fashion_mnist(str(idx.DEBIAN_DIR))  # cached: a copy, not a decompression
-    assert time.perf_counter() - start < 1.0 and same(again, real)
+    assert time.perf_counter() - start < 1.0 and same(again, fashion_mnist)
     again["train"]["images"][0] = 0  # the caller's copy, not the cache
     assert int(idx.load_fashion_mnist(None)["train"]["images"][0].sum()) == 76247
 
 
-def test_float_splits_are_stratified_and_in_range(real):
+def test_float_splits_are_stratified_and_in_range(fashion_mnist):
     splits = idx.fashion_mnist_splits(None, val=5000, seed=0)
     assert [len(splits[s]) for s in ("train", "val", "test")] == [55_000, 5000, 10_000]
     assert splits["val"].images.shape[1:] == (1, 28, 28) and splits["val"].images.dtype == torch.float32
     assert np.bincount(splits["val"].labels.numpy()).tolist() == [500] * 10
     assert float(splits["test"].images.max()) == 1.0 and float(splits["test"].images.min()) == 0.0
-    assert torch.equal(splits["test"].images[0, 0], torch.from_numpy(real["test"]["images"][0]).float() / 255)
+    assert torch.equal(splits["test"].images[0, 0], torch.from_numpy(fashion_mnist["test"]["images"][0]).float() / 255)
     assert torch.equal(idx.fashion_mnist_splits(None, val=5000, seed=0)["val"].labels, splits["val"].labels)
     assert set(idx.fashion_mnist_splits(None, val=0)) == {"train", "test"}
 
@@ -225,8 +219,8 @@ def test_the_check_decodes_no_image_file(tmp_path, small, monkeypatch):
 
 # Fashion-MNIST-C -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def clean(real):
-    return torch.from_numpy(real["test"]["images"][:200]).unsqueeze(1).float() / 255
+def clean(fashion_mnist):
+    return torch.from_numpy(fashion_mnist["test"]["images"][:200]).unsqueeze(1).float() / 255
 
 
 def test_the_suite_and_its_split():

@@ -28,18 +28,11 @@ TINY = ["--set", "stock.steps=4", "--set", "ssl.steps=3", "--set", "ft.steps=3",
         "--set", "diff_init=false"]
 
 
-@pytest.fixture(scope="module")
-def installed():
-    if not (idx.DEBIAN_DIR / "t10k-images-idx3-ubyte.gz").is_file():
-        pytest.fail(idx.INSTALL_HINT)  # never a skip: CI must have the data (`make install`)
-    return idx.DEBIAN_DIR
-
-
 REAL = ["--preset", "real"]
 
 
 @pytest.fixture(scope="module")
-def real_run(installed, tmp_path_factory):
+def real_run(fashion_mnist_dir, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     for argv in (["train", *REAL, *TINY], ["eval"], ["report", "--format", "html", "--out", str(runs / "r.html")]):
         result = invoke("soup", *argv, "--runs-dir", runs, "--quiet")
@@ -62,7 +55,7 @@ def test_the_real_preset_is_fashion_mnist_at_28_px_with_fashion_c_held_out():
     validate(cfg)
 
 
-def test_the_run_scores_the_loaders_images_and_fashion_c(installed):
+def test_the_run_scores_the_loaders_images_and_fashion_c(fashion_mnist_dir):
     """prepare_data of the real preset: the clean test images are t10k's first eval_test, the corrupted sets are
     fashion_c.corrupt of them (test ids offset as for digits), U is the seen types' images alone."""
     from icml.methods.soup.config import preset
@@ -148,7 +141,7 @@ def _damaged_copies(root):
     return cases
 
 
-def test_a_bad_data_folder_is_one_line_exit_2_and_no_run(installed, tmp_path):
+def test_a_bad_data_folder_is_one_line_exit_2_and_no_run(fashion_mnist_dir, tmp_path):
     runs = tmp_path / "runs"
     cases = _damaged_copies(tmp_path)
     for name, (folder, message) in cases.items():
